@@ -1,0 +1,180 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Shared helpers for the uma.vllm modules (private to the collection).
+
+Nothing here imports Ansible: the helpers are used by the modules, by the
+node-side programs (guard, launcher) and by the unit tests alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Dict, Iterable, Optional
+
+MANAGED_MARKER = "Managed by uma.vllm"
+
+
+class UmaError(Exception):
+    """A refusal with the option, the value and the fix.
+
+    The message always has the form
+    ``option '<name>' = <value>: <problem>. <fix>`` so an operator can act on
+    it without reading code. Modules turn it into ``fail_json(msg=...)``.
+    """
+
+    def __init__(self, option: str, value: Any, problem: str, fix: str) -> None:
+        self.option = option
+        self.value = value
+        self.problem = problem
+        self.fix = fix
+        super().__init__(self.message)
+
+    @property
+    def message(self) -> str:
+        return "option '%s' = %s: %s. %s" % (self.option, _show(self.value), self.problem, self.fix)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        return json.dumps(value, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def fingerprint(body: str) -> str:
+    """Short content fingerprint used in managed-file headers."""
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+
+
+def managed_header(what: str, body: str, comment: str = "#") -> str:
+    """Header for a file the collection owns.
+
+    It names the owner, what the file is for, and a fingerprint of the body
+    below it, so drift inside the body is visible even when the header is kept.
+    """
+    lines = [
+        "%s %s (%s). Local edits are reverted on the next run." % (comment, MANAGED_MARKER, what),
+        "%s fingerprint: sha256:%s" % (comment, fingerprint(body)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def parse_fingerprint(text: str, comment: str = "#") -> Optional[Dict[str, Any]]:
+    """Return ``{"recorded": fp, "actual": fp, "intact": bool}`` or None.
+
+    None means the text carries no uma.vllm header.
+    """
+    lines = text.splitlines(True)
+    if len(lines) < 2 or MANAGED_MARKER not in lines[0]:
+        return None
+    prefix = "%s fingerprint: sha256:" % comment
+    if not lines[1].startswith(prefix):
+        return None
+    recorded = lines[1][len(prefix):].strip()
+    actual = fingerprint("".join(lines[2:]))
+    return {"recorded": recorded, "actual": actual, "intact": recorded == actual}
+
+
+def read_text(path: str) -> Optional[str]:
+    """File content, or None when the file does not exist."""
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
+    """Write ``content`` to ``path`` so that readers see the old or the new file.
+
+    The data goes to a temporary file in the same directory, is flushed to
+    disk, then renamed over the target. A failure leaves the old file intact
+    and no temporary file behind.
+    """
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_json(path: str, data: Any, mode: int = 0o644) -> None:
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode)
+
+
+def read_json(path: str) -> Optional[Any]:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:
+    """/proc/meminfo as a dict of bytes (``{"MemTotal": 25769803776, ...}``)."""
+    result: Dict[str, int] = {}
+    with open(os.path.join(proc_root, "meminfo"), "r", encoding="ascii") as handle:
+        for line in handle:
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if not fields:
+                continue
+            try:
+                value = int(fields[0])
+            except ValueError:
+                continue
+            if len(fields) > 1 and fields[1] == "kB":
+                value *= 1024
+            result[key.strip()] = value
+    return result
+
+
+def require_int(option: str, value: Any, minimum: Optional[int] = None,
+                maximum: Optional[int] = None, fix: str = "") -> int:
+    """Coerce ``value`` to int or raise a UmaError that names the option.
+
+    Accepts ints and decimal strings (as they come from inventories); refuses
+    bools, floats with a fraction and anything else.
+    """
+    if isinstance(value, bool):
+        raise UmaError(option, value, "is a boolean, not an integer", fix or "Give a whole number.")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        number = int(value.strip())
+    else:
+        raise UmaError(option, value, "is not an integer", fix or "Give a whole number.")
+    if minimum is not None and number < minimum:
+        raise UmaError(option, value, "is below the minimum %d" % minimum, fix or "Give a value >= %d." % minimum)
+    if maximum is not None and number > maximum:
+        raise UmaError(option, value, "is above the maximum %d" % maximum, fix or "Give a value <= %d." % maximum)
+    return number
+
+
+def unified_diff_dict(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
+    """Only the keys whose values differ, as ``{"before": {...}, "after": {...}}``."""
+    keys: Iterable[str] = sorted(set(before) | set(after))
+    b = {k: before.get(k) for k in keys if before.get(k) != after.get(k)}
+    a = {k: after.get(k) for k in keys if before.get(k) != after.get(k)}
+    return {"before": b, "after": a}

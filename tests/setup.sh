@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Everything the tests need, on a fresh Debian machine, idempotently:
+# apt packages, a running Docker engine, the control-node venv (.venv), the
+# collection linked where ansible finds it, the lab image and the vLLM venv.
+#
+#   tests/setup.sh            # all of it
+#   tests/setup.sh --no-vllm  # skip the vLLM CPU venv (about 3 GB, 3 min)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+want_vllm=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-vllm) want_vllm=0 ;;
+    *) echo "setup.sh: unknown argument '$arg' (use --no-vllm or nothing)" >&2; exit 2 ;;
+  esac
+done
+log() { printf '[setup] %s\n' "$*" >&2; }
+SECONDS=0
+
+need_apt=()
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v dockerd >/dev/null || need_apt+=(docker.io)
+command -v promtool >/dev/null || need_apt+=(prometheus)
+command -v shellcheck >/dev/null || need_apt+=(shellcheck)
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+# The prometheus package would start a server; the tests only want promtool.
+systemctl disable --now prometheus >/dev/null 2>&1 || pkill -x prometheus 2>/dev/null || true
+
+if ! docker info >/dev/null 2>&1; then
+  log "starting dockerd"
+  (dockerd >/var/log/dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { tail -20 /var/log/dockerd.log >&2; exit 1; }
+fi
+
+py=${UMA_PYTHON:-python3}
+if [ ! -x .venv/bin/python ] || ! cmp -s tests/requirements.txt .venv/.requirements; then
+  log "control-node venv (.venv)"
+  "$py" -m venv .venv
+  .venv/bin/pip install -q -r tests/requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import ansible, molecule, testinfra, psutil" # fail here, not later
+  cp tests/requirements.txt .venv/.requirements
+fi
+
+# ansible finds the checkout as the collection uma.vllm through ansible.cfg.
+mkdir -p .cache/collections/ansible_collections/uma
+ln -sfn ../../../.. .cache/collections/ansible_collections/uma/vllm
+
+lab_args=()
+[ "$want_vllm" = 1 ] && lab_args+=(--vllm)
+bash lab/build-image.sh "${lab_args[@]}"
+log "done in ${SECONDS}s"
