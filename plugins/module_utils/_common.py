@@ -76,7 +76,7 @@ def parse_fingerprint(text: str, comment: str = "#") -> Optional[Dict[str, Any]]
     prefix = "%s fingerprint: sha256:" % comment
     if not lines[1].startswith(prefix):
         return None
-    recorded = lines[1][len(prefix):].strip()
+    recorded = lines[1][len(prefix) :].strip()
     actual = fingerprint("".join(lines[2:]))
     return {"recorded": recorded, "actual": actual, "intact": recorded == actual}
 
@@ -84,7 +84,7 @@ def parse_fingerprint(text: str, comment: str = "#") -> Optional[Dict[str, Any]]
 def read_text(path: str) -> Optional[str]:
     """File content, or None when the file does not exist."""
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             return handle.read()
     except FileNotFoundError:
         return None
@@ -132,7 +132,7 @@ def read_json(path: str) -> Optional[Any]:
 def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:
     """/proc/meminfo as a dict of bytes (``{"MemTotal": 25769803776, ...}``)."""
     result: Dict[str, int] = {}
-    with open(os.path.join(proc_root, "meminfo"), "r", encoding="ascii") as handle:
+    with open(os.path.join(proc_root, "meminfo"), encoding="ascii") as handle:
         for line in handle:
             key, _, rest = line.partition(":")
             fields = rest.split()
@@ -148,8 +148,9 @@ def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:
     return result
 
 
-def require_int(option: str, value: Any, minimum: Optional[int] = None,
-                maximum: Optional[int] = None, fix: str = "") -> int:
+def require_int(
+    option: str, value: Any, minimum: Optional[int] = None, maximum: Optional[int] = None, fix: str = ""
+) -> int:
     """Coerce ``value`` to int or raise a UmaError that names the option.
 
     Accepts ints and decimal strings (as they come from inventories); refuses

@@ -1,0 +1,603 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure logic of uma.vllm.uma_sysctl: sizing, validation, planning, applying.
+
+The module wrapper only maps options to :class:`SysctlRequest`, calls
+:func:`plan`, and (outside check mode) :func:`execute`. Every path the logic
+touches comes from the request, so tests run against temporary directories.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils._common import (
+        UmaError,
+        atomic_write,
+        atomic_write_json,
+        managed_header,
+        parse_fingerprint,
+        read_json,
+        read_meminfo,
+        read_text,
+    )
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    from _common import (  # type: ignore[no-redef]
+        UmaError,
+        atomic_write,
+        atomic_write_json,
+        managed_header,
+        parse_fingerprint,
+        read_json,
+        read_meminfo,
+        read_text,
+    )
+
+GIB = 1024**3
+MIB = 1024**2
+
+# The order systemd-sysctl(8) searches; for equal file names the earlier
+# directory wins, then all files are applied sorted by file name.
+DEFAULT_SYSCTL_DIRS = [
+    "/etc/sysctl.d",
+    "/run/sysctl.d",
+    "/usr/local/lib/sysctl.d",
+    "/usr/lib/sysctl.d",
+    "/lib/sysctl.d",
+]
+DEFAULT_SYSCTL_CONF = "/etc/sysctl.conf"
+RECORD_NAME = "sysctl-original.json"
+
+# Sizing rule for vm.min_free_kbytes (see SIZING_DOC).
+SIZING_RULE = "uma-3pct-v1"
+SIZING_PERCENT = 3
+SIZING_FLOOR_BYTES = 256 * MIB
+SIZING_CEILING_BYTES = 8 * GIB
+SIZING_STEP_BYTES = 64 * MIB
+MAX_RESERVE_PERCENT = 10
+SIZING_DOC = (
+    "3% of RAM rounded down to a multiple of 64 MiB, at least the kernel's own default and 256 MiB, "
+    "at most 8 GiB and below 10% of RAM"
+)
+
+MANAGED_KEYS = ("vm.min_free_kbytes", "vm.vfs_cache_pressure", "vm.dirty_ratio", "vm.dirty_background_ratio")
+_KEY_RE = re.compile(r"^vm\.[a-z0-9_]+$")
+_VALUE_RE = re.compile(r"^-?[0-9]+( -?[0-9]+)*$")
+
+
+def kernel_default_min_free_kbytes(ram_bytes: int) -> int:
+    """What the kernel picks at boot: 4 * sqrt(lowmem in kB), within [128, 262144].
+
+    (mm/page_alloc.c calculate_min_free_kbytes(); on 64-bit all memory is
+    lowmem. Transparent hugepages may raise the live value above this.)
+    """
+    lowmem_kb = ram_bytes // 1024
+    value = int(math.sqrt(lowmem_kb * 16))
+    return max(128, min(value, 262144))
+
+
+def size_min_free_kbytes(ram_bytes: int) -> Dict[str, Any]:
+    """Size the page reserve from RAM. Returns the value and how it was made."""
+    kernel_default = kernel_default_min_free_kbytes(ram_bytes)
+    raw = ram_bytes * SIZING_PERCENT // 100
+    stepped = (raw // SIZING_STEP_BYTES) * SIZING_STEP_BYTES
+    floor = max(SIZING_FLOOR_BYTES, kernel_default * 1024)
+    ceiling = min(SIZING_CEILING_BYTES, ram_bytes * MAX_RESERVE_PERCENT // 100 - SIZING_STEP_BYTES)
+    bounded = max(min(stepped, ceiling), min(floor, ceiling))
+    return {
+        "rule": SIZING_RULE,
+        "description": SIZING_DOC,
+        "ram_bytes": ram_bytes,
+        "ram_gib": round(ram_bytes / GIB, 2),
+        "percent": SIZING_PERCENT,
+        "raw_kbytes": raw // 1024,
+        "floor_kbytes": floor // 1024,
+        "ceiling_kbytes": ceiling // 1024,
+        "kernel_default_kbytes": kernel_default,
+        "min_free_kbytes": bounded // 1024,
+    }
+
+
+@dataclass
+class SysctlRequest:
+    state: str = "present"
+    min_free_kbytes: Any = None
+    ram_gib: Any = None
+    vfs_cache_pressure: Any = 200
+    dirty_ratio: Any = 5
+    dirty_background_ratio: Any = 2
+    extra: Dict[str, Any] = field(default_factory=dict)
+    path: str = "/etc/sysctl.d/90-vllm.conf"
+    apply: bool = True
+    conflicts: str = "warn"
+    proc_root: str = "/proc"
+    sysctl_dirs: List[str] = field(default_factory=lambda: list(DEFAULT_SYSCTL_DIRS))
+    sysctl_conf: str = DEFAULT_SYSCTL_CONF
+    state_dir: str = "/var/lib/uma-vllm"
+
+
+def _key_file(proc_root: str, key: str) -> str:
+    return os.path.join(proc_root, "sys", *key.split("."))
+
+
+def normalize_key(key: str) -> str:
+    return key.strip().lstrip("-").replace("/", ".")
+
+
+def normalize_value(value: Any) -> str:
+    return " ".join(str(value).split())
+
+
+def _int_option(name: str, value: Any, fix: str) -> int:
+    if isinstance(value, bool) or value is None:
+        raise UmaError(name, value, "is not an integer", fix)
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str) and re.match(r"^\s*-?[0-9]+\s*$", value):
+        number = int(value)
+    else:
+        raise UmaError(name, value, "is not an integer", fix)
+    if number < 0:
+        raise UmaError(name, value, "is negative", fix)
+    return number
+
+
+def _ratio(name: str, value: Any) -> int:
+    fix = "Give a whole percentage from 1 to 100."
+    number = _int_option(name, value, fix)
+    if not 1 <= number <= 100:
+        raise UmaError(name, value, "is outside 1-100", fix)
+    return number
+
+
+def resolve_ram(request: SysctlRequest) -> Tuple[int, str]:
+    """RAM in bytes and where it came from (``ram_gib`` or MemTotal)."""
+    if request.ram_gib is not None and request.ram_gib != "":
+        value = request.ram_gib
+        fix = "Give the host's RAM in GiB as a positive number (e.g. 121), or leave it unset to read MemTotal."
+        if isinstance(value, bool):
+            raise UmaError("ram_gib", value, "is not a number", fix)
+        try:
+            gib = float(value)
+        except (TypeError, ValueError):
+            raise UmaError("ram_gib", value, "is not a number", fix) from None
+        if not math.isfinite(gib) or gib <= 0:
+            raise UmaError("ram_gib", value, "must be positive", fix)
+        if gib > 1 << 20:
+            raise UmaError("ram_gib", value, "is larger than any machine", fix)
+        return int(gib * GIB), "ram_gib"
+    path = os.path.join(request.proc_root, "meminfo")
+    try:
+        total = read_meminfo(request.proc_root).get("MemTotal")
+    except OSError as err:
+        raise UmaError(
+            "ram_gib", None, "is unset and %s cannot be read (%s)" % (path, err.strerror), "Set ram_gib for this host."
+        ) from None
+    if not total:
+        raise UmaError("ram_gib", None, "is unset and %s has no MemTotal" % path, "Set ram_gib for this host.")
+    return total, "MemTotal"
+
+
+def takes_effect_here(request: SysctlRequest) -> bool:
+    """True when the values reach this host's kernel: applied live, or read at boot."""
+    if request.apply:
+        return True
+    directory = os.path.realpath(os.path.dirname(request.path))
+    in_dirs = any(os.path.realpath(d) == directory for d in request.sysctl_dirs)
+    return in_dirs or os.path.realpath(request.path) == os.path.realpath(request.sysctl_conf)
+
+
+def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """Validate the request; return ``{key: value}`` to manage and the sizing record.
+
+    Raises UmaError before anything is touched.
+    """
+    ram_bytes, ram_source = resolve_ram(request)
+    sizing = size_min_free_kbytes(ram_bytes)
+    sizing["ram_source"] = ram_source
+    kernel_default = sizing["kernel_default_kbytes"]
+    ceiling_kb = ram_bytes * MAX_RESERVE_PERCENT // 100 // 1024
+    # The bounds belong to the host where the values take effect. A file
+    # outside the boot search path, not applied live, is a rendering for some
+    # other host: without its ram_gib this host's RAM says nothing about it.
+    sizing["bounds_checked"] = ram_source == "ram_gib" or takes_effect_here(request)
+    if request.min_free_kbytes is not None and request.min_free_kbytes != "":
+        fix = "Give kB between the kernel default %d and 10%% of RAM (%d), or leave it unset to size it from RAM." % (
+            kernel_default,
+            ceiling_kb,
+        )
+        min_free = _int_option("min_free_kbytes", request.min_free_kbytes, fix)
+        if min_free < kernel_default and sizing["bounds_checked"]:
+            raise UmaError(
+                "min_free_kbytes",
+                request.min_free_kbytes,
+                "is below the kernel's own default of %d kB for %.1f GiB of RAM" % (kernel_default, ram_bytes / GIB),
+                fix,
+            )
+        if min_free > ceiling_kb and sizing["bounds_checked"]:
+            raise UmaError(
+                "min_free_kbytes",
+                request.min_free_kbytes,
+                "is above 10%% of RAM (%d kB of %.1f GiB); the kernel would reclaim or OOM constantly"
+                % (ceiling_kb, ram_bytes / GIB),
+                fix,
+            )
+        if min_free == 0:
+            raise UmaError("min_free_kbytes", request.min_free_kbytes, "is zero", fix)
+        sizing["rule"] = "explicit"
+        sizing["min_free_kbytes"] = min_free
+    else:
+        min_free = sizing["min_free_kbytes"]
+
+    vfs = _int_option(
+        "vfs_cache_pressure", request.vfs_cache_pressure, "Give a whole number such as 200 (100 is the kernel default)."
+    )
+    if vfs > 100000:
+        raise UmaError("vfs_cache_pressure", request.vfs_cache_pressure, "is above 100000", "Give a value such as 200.")
+    dirty = _ratio("dirty_ratio", request.dirty_ratio)
+    background = _ratio("dirty_background_ratio", request.dirty_background_ratio)
+    if background >= dirty:
+        raise UmaError(
+            "dirty_background_ratio",
+            request.dirty_background_ratio,
+            "is not below dirty_ratio (%d); background writeback must start before writers are throttled" % dirty,
+            "Give a dirty_background_ratio below dirty_ratio, e.g. 2 with dirty_ratio 5.",
+        )
+
+    values = {
+        "vm.min_free_kbytes": str(min_free),
+        "vm.vfs_cache_pressure": str(vfs),
+        "vm.dirty_ratio": str(dirty),
+        "vm.dirty_background_ratio": str(background),
+    }
+    extra = request.extra or {}
+    if not isinstance(extra, dict):
+        raise UmaError(
+            "extra", extra, "is not a mapping", "Give a dict of vm.* keys to values, e.g. {vm.swappiness: 10}."
+        )
+    for raw_key in sorted(extra):
+        raw_value = extra[raw_key]
+        key = normalize_key(str(raw_key))
+        if not _KEY_RE.match(key):
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "key %r is not a vm.* sysctl" % raw_key,
+                "This module manages only vm.* keys; use ansible.posix.sysctl for others.",
+            )
+        if key in values:
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "key %s has its own option" % key,
+                "Set it with the option %s instead." % key.split(".", 1)[1],
+            )
+        if key in ("vm.dirty_bytes", "vm.dirty_background_bytes"):
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "%s would override the dirty ratios this module sets" % key,
+                "Use dirty_ratio / dirty_background_ratio instead.",
+            )
+        if key == "vm.drop_caches":
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "vm.drop_caches is an action, not a setting",
+                "Use uma.vllm.drop_cache_loop to evict page cache.",
+            )
+        if isinstance(raw_value, bool) or not isinstance(raw_value, (int, str)):
+            raise UmaError("extra", {raw_key: raw_value}, "the value is not an integer", "Give whole numbers.")
+        value = normalize_value(raw_value)
+        if not _VALUE_RE.match(value):
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "the value is not an integer list",
+                "Give whole numbers, space separated.",
+            )
+        if value.startswith("-"):
+            raise UmaError("extra", {raw_key: raw_value}, "the value is negative", "Give a value >= 0.")
+        if os.path.isdir(os.path.join(request.proc_root, "sys", "vm")) and not os.path.exists(
+            _key_file(request.proc_root, key)
+        ):
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "this kernel has no %s" % key,
+                "Check the spelling against /proc/sys/vm or drop the key.",
+            )
+        values[key] = value
+    return values, sizing
+
+
+def render_file(values: Dict[str, str], sizing: Dict[str, Any]) -> str:
+    body_lines = [
+        "# vm.min_free_kbytes: %s (%s, RAM %.1f GiB from %s)"
+        % (values["vm.min_free_kbytes"], sizing["rule"], sizing["ram_gib"], sizing.get("ram_source", "?")),
+    ]
+    body_lines += ["%s = %s" % (key, values[key]) for key in sorted(values)]
+    body = "\n".join(body_lines) + "\n"
+    return managed_header("uma.vllm.uma_sysctl, vm page reserve and cache settings for vLLM", body) + body
+
+
+def parse_sysctl_text(text: str) -> Dict[str, str]:
+    """Key/value pairs of a sysctl.d file, later lines winning (like systemd-sysctl)."""
+    result: Dict[str, str] = {}
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#;":
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep:
+            continue
+        result[normalize_key(key)] = normalize_value(value)
+    return result
+
+
+def boot_order(dirs: List[str], sysctl_conf: Optional[str]) -> List[str]:
+    """Files in the order systemd-sysctl applies them (last wins per key).
+
+    Files with the same name: the one in the earliest directory shadows the
+    others. /etc/sysctl.conf is applied last by ``sysctl --system`` (procps);
+    on Debian systemd reads it through the 99-sysctl.conf link.
+    """
+    chosen: Dict[str, str] = {}
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            full = os.path.join(directory, name)
+            if name.endswith(".conf") and name not in chosen and (os.path.isfile(full) or os.path.islink(full)):
+                chosen[name] = full
+    ordered = [chosen[name] for name in sorted(chosen)]
+    if sysctl_conf and os.path.isfile(sysctl_conf):
+        real = os.path.realpath(sysctl_conf)
+        if all(os.path.realpath(p) != real for p in ordered):
+            ordered.append(sysctl_conf)
+    return ordered
+
+
+def find_conflicts(path: str, keys: List[str], dirs: List[str], sysctl_conf: Optional[str]) -> List[Dict[str, Any]]:
+    """Other files that set our keys, and whether they win at boot.
+
+    systemd-sysctl applies files sorted by name, so a file whose name sorts
+    after ours overrides our keys; a file with our name in a directory searched
+    earlier masks ours entirely; /etc/sysctl.conf comes last under procps.
+    """
+    own = os.path.realpath(path)
+    name = os.path.basename(path)
+    own_dir = os.path.dirname(own)
+    dir_rank = {os.path.realpath(d): i for i, d in enumerate(dirs)}
+    conflicts = []
+    for candidate in boot_order(dirs, sysctl_conf):
+        if os.path.realpath(candidate) == own:
+            continue
+        text = read_text(candidate)
+        if text is None:
+            continue
+        settings = parse_sysctl_text(text)
+        cand_name = os.path.basename(candidate)
+        if candidate == sysctl_conf:
+            wins, reason = True, "applied last by sysctl --system"
+        elif cand_name == name:
+            cand_rank = dir_rank.get(os.path.realpath(os.path.dirname(candidate)), len(dirs))
+            wins = cand_rank < dir_rank.get(own_dir, len(dirs))
+            reason = "same file name in a directory searched earlier masks ours" if wins else "masked by ours"
+        elif cand_name > name:
+            wins, reason = True, "applied after ours"
+        else:
+            wins, reason = False, "applied before ours (ours wins)"
+        for key in keys:
+            if key in settings or (cand_name == name and wins):
+                conflicts.append(
+                    {"path": candidate, "key": key, "value": settings.get(key), "wins_at_boot": wins, "reason": reason}
+                )
+    return conflicts
+
+
+def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:
+    live: Dict[str, Optional[str]] = {}
+    for key in keys:
+        text = read_text(_key_file(proc_root, key))
+        live[key] = None if text is None else normalize_value(text)
+    return live
+
+
+@dataclass
+class SysctlPlan:
+    state: str
+    path: str
+    values: Dict[str, str]
+    sizing: Dict[str, Any]
+    file_before: Optional[str]
+    file_after: Optional[str]
+    live_before: Dict[str, Optional[str]]
+    live_after: Dict[str, Optional[str]]
+    record_before: Optional[Dict[str, str]]
+    record_after: Optional[Dict[str, str]]
+    record_path: str
+    conflicts: List[Dict[str, Any]]
+    drift: Dict[str, Any]
+
+    @property
+    def file_changed(self) -> bool:
+        return self.file_before != self.file_after
+
+    @property
+    def live_changed(self) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
+        return {
+            k: (self.live_before.get(k), v)
+            for k, v in self.live_after.items()
+            if v is not None and self.live_before.get(k) != v
+        }
+
+    @property
+    def changed(self) -> bool:
+        return self.file_changed or bool(self.live_changed) or self.record_before != self.record_after
+
+    def diff(self) -> List[Dict[str, str]]:
+        def show(values: Dict[str, Optional[str]]) -> str:
+            return "".join("%s = %s\n" % (k, "(absent)" if v is None else v) for k, v in sorted(values.items()))
+
+        keys = sorted(self.live_after)
+        return [
+            {
+                "before_header": self.path,
+                "after_header": self.path,
+                "before": self.file_before or "",
+                "after": self.file_after or "",
+            },
+            {
+                "before_header": "live values (%s)" % ", ".join(keys),
+                "after_header": "live values (%s)" % ", ".join(keys),
+                "before": show({k: self.live_before.get(k) for k in keys}),
+                "after": show({k: self.live_after.get(k) for k in keys}),
+            },
+        ]
+
+
+def _file_drift(current: Optional[str], wanted: Optional[str]) -> Optional[str]:
+    if current == wanted:
+        return None
+    if current is None:
+        return "missing"
+    if wanted is None:
+        return "present"
+    check = parse_fingerprint(current)
+    if check is None:
+        return "header removed or file replaced"
+    if not check["intact"]:
+        return "edited by hand (fingerprint mismatch)"
+    return "settings differ"
+
+
+def plan(request: SysctlRequest) -> SysctlPlan:
+    """Everything that would change, computed without touching anything."""
+    if request.state not in ("present", "absent"):
+        raise UmaError("state", request.state, "is not a known state", "Use present or absent.")
+    if request.conflicts not in ("warn", "fail", "ignore"):
+        raise UmaError("conflicts", request.conflicts, "is not a known policy", "Use warn, fail or ignore.")
+    if not request.path or not os.path.isabs(request.path) or not request.path.endswith(".conf"):
+        raise UmaError("path", request.path, "is not an absolute *.conf path", "Give e.g. /etc/sysctl.d/90-vllm.conf.")
+    if os.path.isdir(request.path):
+        raise UmaError("path", request.path, "is a directory", "Give the path of the drop-in file.")
+    record_path = os.path.join(request.state_dir, RECORD_NAME)
+    record_before = read_json(record_path)
+    if record_before is not None and not isinstance(record_before, dict):
+        record_before = None
+    file_before = read_text(request.path)
+
+    if request.state == "absent":
+        managed = sorted(parse_sysctl_text(file_before or "")) if file_before else []
+        keys = sorted(set(managed) | set(record_before or {}))
+        live_before = read_live(request.proc_root, keys)
+        live_after = dict(live_before)
+        if request.apply:
+            for key, original in (record_before or {}).items():
+                if live_before.get(key) is not None:
+                    live_after[key] = normalize_value(original)
+        return SysctlPlan(
+            state="absent",
+            path=request.path,
+            values={},
+            sizing={},
+            file_before=file_before,
+            file_after=None,
+            live_before=live_before,
+            live_after=live_after,
+            record_before=record_before,
+            record_after=None,
+            record_path=record_path,
+            conflicts=[],
+            drift={"file": _file_drift(file_before, None), "live": {}},
+        )
+
+    values, sizing = desired_values(request)
+    file_after = render_file(values, sizing)
+    keys = sorted(values)
+    live_before = read_live(request.proc_root, keys)
+    missing = [k for k in keys if live_before[k] is None]
+    if request.apply and missing and os.path.isdir(os.path.join(request.proc_root, "sys", "vm")):
+        raise UmaError(
+            "apply",
+            True,
+            "this kernel has no %s" % ", ".join(missing),
+            "Drop those keys or set apply=false to only write the file.",
+        )
+    live_after = dict(live_before)
+    record_after = dict(record_before or {})
+    if request.apply:
+        for key in keys:
+            live_after[key] = values[key]
+            if key not in record_after and live_before.get(key) is not None and live_before[key] != values[key]:
+                record_after[key] = live_before[key]  # the operator's value, before our first change
+    live_drift = {
+        key: {"expected": values[key], "actual": live_before.get(key)}
+        for key in keys
+        if live_before.get(key) != values[key]
+    }
+    conflicts = find_conflicts(request.path, keys, request.sysctl_dirs, request.sysctl_conf)
+    return SysctlPlan(
+        state="present",
+        path=request.path,
+        values=values,
+        sizing=sizing,
+        file_before=file_before,
+        file_after=file_after,
+        live_before=live_before,
+        live_after=live_after,
+        record_before=record_before,
+        record_after=record_after if record_after else record_before,
+        record_path=record_path,
+        conflicts=conflicts,
+        drift={"file": _file_drift(file_before, file_after), "live": live_drift},
+    )
+
+
+def write_live(proc_root: str, key: str, value: str) -> None:
+    path = _key_file(proc_root, key)
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write(value + "\n")
+    except OSError as err:
+        raise UmaError(
+            key,
+            value,
+            "could not be written to %s (%s)" % (path, err.strerror),
+            "Run with become: true, or set apply=false to only write the file.",
+        ) from None
+
+
+def execute(p: SysctlPlan, proc_root: str) -> None:
+    """Carry out a plan: record originals first, then the file, then live values."""
+    try:
+        if p.record_after != p.record_before and p.record_after is not None:
+            atomic_write_json(p.record_path, p.record_after, 0o600)
+        if p.file_changed:
+            if p.file_after is None:
+                if os.path.lexists(p.path):
+                    os.unlink(p.path)
+            else:
+                atomic_write(p.path, p.file_after, 0o644)
+    except OSError as err:
+        raise UmaError(
+            "path", p.path, "could not be written (%s: %s)" % (err.filename, err.strerror), "Check permissions/become."
+        ) from None
+    for key, (_before, after) in sorted(p.live_changed.items()):
+        write_live(proc_root, key, after or "")
+    if p.state == "absent" and p.record_before is not None:
+        try:
+            os.unlink(p.record_path)
+        except FileNotFoundError:
+            pass

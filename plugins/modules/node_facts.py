@@ -1,0 +1,132 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_facts
+short_description: Tell whether a node is a unified-memory machine (GB10, GH200, GB200, Jetson Thor)
+version_added: 0.1.0
+description:
+  - Reads the markers of NVIDIA unified-memory platforms and sets the fact C(uma_node).
+  - Markers are C(nvidia-smi) GPU names and framebuffer size (a GPU with no framebuffer
+    size uses system memory), the device tree (C(nvidia,tegra264), Jetson models),
+    C(/etc/nv_tegra_release), the DMI product name, and C(lscpu) (a CPU hint only).
+  - Never fails on a host without a GPU or without C(nvidia-smi); it says so in the evidence.
+author:
+  - uma.vllm developers
+extends_documentation_fragment:
+  - uma.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+  facts:
+    support: full
+    description: Sets the fact C(uma_node).
+options:
+  sysfs_root:
+    description: Root of sysfs (device tree, DMI); tests point it at a temporary tree.
+    type: path
+    default: /sys
+  proc_root:
+    description: Root of procfs (C(meminfo), device tree).
+    type: path
+    default: /proc
+  nvidia_smi:
+    description: The C(nvidia-smi) command to query; looked up in C(PATH) when not absolute.
+    type: str
+    default: nvidia-smi
+  lscpu:
+    description: The C(lscpu) command.
+    type: str
+    default: lscpu
+"""
+
+EXAMPLES = r"""
+- name: Find out what kind of node this is
+  uma.vllm.node_facts:
+
+- name: Say it
+  ansible.builtin.debug:
+    msg: "{{ inventory_hostname }}: unified memory {{ uma_node.unified_memory }} ({{ uma_node.reason }})"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to the host.
+  returned: always
+  type: complex
+  contains:
+    uma_node:
+      description: The classification and its evidence.
+      returned: always
+      type: dict
+      sample:
+        unified_memory: true
+        platform: gb10
+        platform_description: NVIDIA GB10 (DGX Spark class), unified LPDDR5X
+        cpu_hint: gb10
+        gpus: [{"name": "NVIDIA GB10", "memory_total": "[N/A]", "memory_total_mib": null, "unified": true}]
+        gpu_present: true
+        cpu_model: Cortex-X925
+        architecture: aarch64
+        ram_gib: 119.7
+        reason: "unified-memory markers: gb10"
+        evidence: ["nvidia-smi: GPU 'NVIDIA GB10' is a NVIDIA GB10 (DGX Spark class), unified LPDDR5X"]
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils._platform import (
+    classify,
+    gather_files,
+    parse_lscpu,
+    parse_nvidia_smi_csv,
+)
+
+
+def _run(module: AnsibleModule, command: str, args: list) -> tuple:
+    """(stdout, error) without failing when the command is missing or errors."""
+    path = command if command.startswith("/") else module.get_bin_path(command)
+    if not path:
+        return "", "%s not installed" % command
+    rc, out, err = module.run_command([path, *args])
+    if rc != 0:
+        last = ((err or out).strip().splitlines() or [""])[-1]
+        return "", "%s exited %d: %s" % (command, rc, last)
+    return out, None
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec=dict(
+            sysfs_root=dict(type="path", default="/sys"),
+            proc_root=dict(type="path", default="/proc"),
+            nvidia_smi=dict(type="str", default="nvidia-smi"),
+            lscpu=dict(type="str", default="lscpu"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    smi_out, smi_error = _run(module, p["nvidia_smi"], ["--query-gpu=name,memory.total", "--format=csv,noheader"])
+    cpu_out, _ = _run(module, p["lscpu"], [])
+    facts = classify(
+        gather_files(p["sysfs_root"], p["proc_root"]), parse_nvidia_smi_csv(smi_out), parse_lscpu(cpu_out), smi_error
+    )
+    try:
+        facts["ram_gib"] = round(read_meminfo(p["proc_root"])["MemTotal"] / 1024**3, 2)
+    except (OSError, KeyError):
+        facts["ram_gib"] = None
+    module.exit_json(changed=False, ansible_facts={"uma_node": facts})
+
+
+if __name__ == "__main__":
+    main()
