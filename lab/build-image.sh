@@ -27,7 +27,8 @@ for arg in "$@"; do
   esac
 done
 
-packages=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,procps,util-linux,udev,iproute2,kmod,ca-certificates,curl,sudo,less
+# libnuma1: the vLLM CPU build's native extension links it.
+packages=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,procps,util-linux,udev,iproute2,kmod,ca-certificates,curl,sudo,less,libnuma1
 fingerprint=$( (cat "$0"; echo "$packages") | sha256sum | cut -c1-16)
 
 log() { printf '[lab] %s\n' "$*" >&2; }

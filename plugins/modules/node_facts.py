@@ -17,7 +17,7 @@ description:
     C(/etc/nv_tegra_release), the DMI product name, and C(lscpu) (a CPU hint only).
   - Never fails on a host without a GPU or without C(nvidia-smi); it says so in the evidence.
 author:
-  - uma.vllm developers
+  - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
   - uma.vllm.attributes
 attributes:

@@ -29,7 +29,7 @@ description:
   - Everything is validated before anything is touched; a refusal names the option, the value
     and the fix.
 author:
-  - uma.vllm developers
+  - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
   - uma.vllm.attributes
   - uma.vllm.attributes.NODE
