@@ -1,0 +1,679 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node-local vLLM launcher (installed as /usr/local/bin/vllm-uma-launch).
+
+Runs on the node, beside the page-cache guard, with no Ansible installed::
+
+    vllm-uma-launch --engine main --config /etc/uma-vllm/engines/main.json
+    vllm-uma-launch --engine lab --health-url http://127.0.0.1:8000/health \\
+        --model-path /models/tiny -- python3 -m vllm.entrypoints.openai.api_server --model /models/tiny
+
+In order, each step logged with its timing:
+
+1. take the node's launch lock (engines on one node start one at a time; a
+   waiting engine says for whom it waits). The lock is an ``flock`` on a file:
+   the kernel frees it when the holder exits or dies, so it never leaks; the
+   holder frees it as soon as its engine is healthy or has failed;
+2. ``sync``, then evict the model's files from the page cache once (or drop
+   the whole cache, ``pre_evict: drop``, the published behaviour);
+3. optionally open a readahead window on the model's device(s), recorded
+   where the node's boot unit restores it should the node go down mid-load;
+4. start the guard (``uma_guard.py``, default mode from the benchmark) as its
+   own process, watching this launcher's PID;
+5. start the engine with the planned flags and pass its output through;
+6. when the health URL answers 200: stop the guard, evict the shard files,
+   restore readahead, release the lock, write the launch record; then wait
+   for the engine and leave with its exit code;
+7. on any failure or signal: the same clean-up, the engine stopped, its exit
+   code propagated (128+N for a signal).
+
+Each launch leaves ``<state_dir>/launches/<engine>/<UTC stamp>/`` with
+``launch.json``, the guard's ``guard.json`` and ``samples.jsonl`` (memory
+timeline), and a ``latest`` link, for uma.vllm.oom_diagnose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, read_json
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _blockdev  # type: ignore[no-redef]
+    import uma_guard  # type: ignore[no-redef]
+    from _common import UmaError, atomic_write_json, read_json  # type: ignore[no-redef]
+
+PROG = "vllm-uma-launch"
+NODE_CONFIG = "/etc/uma-vllm/launch.json"
+EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
+EXIT_CONFIG = 78  # EX_CONFIG
+EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
+
+DEFAULTS: Dict[str, Any] = {
+    "engine": None,
+    "command": [],
+    "env": {},
+    "health_url": None,
+    "model_path": None,
+    "lock_path": "/run/uma-vllm/launch.lock",
+    "lock_timeout_s": 3600.0,
+    "health_timeout_s": 1800.0,
+    "health_interval_s": 1.0,
+    "stop_timeout_s": 30.0,
+    "pre_evict": "files",  # files | drop | none
+    "evict_after_healthy": True,
+    "guard": True,
+    "guard_mode": uma_guard.DEFAULT_MODE,
+    "guard_interval": uma_guard.DEFAULT_INTERVAL,
+    "guard_threshold_mib": uma_guard.DEFAULT_THRESHOLD_MIB,
+    "guard_max_duration": 1800.0,
+    "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
+    "state_dir": "/var/lib/uma-vllm",
+    "lib_dir": os.path.dirname(os.path.abspath(__file__)),
+    "python": sys.executable or "/usr/bin/python3",
+    "plan": None,
+    "proc_root": "/proc",
+    "sysfs_root": "/sys",
+}
+KV_MARKERS = re.compile(
+    r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
+    r"Maximum concurrency for",
+)
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+
+
+# --------------------------------------------------------------------------
+# Configuration
+
+
+def merge_config(*layers: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """Defaults, then the node's file, the engine's file, the command line."""
+    config = dict(DEFAULTS)
+    for layer in layers:
+        for key, value in (layer or {}).items():
+            if value is not None:
+                config[key] = value
+    return config
+
+
+def validate(config: Dict[str, Any]) -> Dict[str, Any]:
+    """Refuse a configuration that cannot work, naming the option and the fix."""
+    engine = config.get("engine")
+    if not isinstance(engine, str) or not _NAME_RE.match(engine):
+        raise UmaError("engine", engine, "is not a valid engine name", "Use letters, digits, '.', '_', '-' or '@'.")
+    command = config.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise UmaError("command", command, "is not a non-empty list of strings", "Give the engine's argv after --.")
+    url = config.get("health_url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise UmaError("health_url", url, "is not an http(s) URL", "Use e.g. http://127.0.0.1:8000/health.")
+    if config["pre_evict"] not in ("files", "drop", "none"):
+        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
+    if config["guard_mode"] not in uma_guard.MODES:
+        raise UmaError(
+            "guard_mode", config["guard_mode"], "is not a guard mode", "Use one of %s." % ", ".join(uma_guard.MODES)
+        )
+    model = config.get("model_path")
+    if model is not None and not os.path.exists(model):
+        raise UmaError("model_path", model, "does not exist on this node", "Give the local model directory.")
+    if model is None and (config["pre_evict"] == "files" or config["guard_mode"] == "files"):
+        # nothing to evict by file: fall back to what works without a path
+        config["pre_evict"] = "none" if config["pre_evict"] == "files" else config["pre_evict"]
+        config["guard_mode"] = "adaptive" if config["guard_mode"] == "files" else config["guard_mode"]
+    for key in ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s", "guard_max_duration"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise UmaError(key, value, "must be a positive number of seconds", "Give e.g. 600.")
+    ra = config.get("readahead_kb")
+    if ra is not None and (isinstance(ra, bool) or not isinstance(ra, int) or ra < 0):
+        raise UmaError("readahead_kb", ra, "must be a whole number of kB >= 0", "Give e.g. 8, or null for no window.")
+    if ra is not None and model is None:
+        raise UmaError(
+            "readahead_kb", ra, "needs model_path to find the device", "Give model_path or drop readahead_kb."
+        )
+    if not isinstance(config.get("env"), dict):
+        raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
+    return config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Start a vLLM engine without page-cache pressure (uma.vllm).")
+    p.add_argument("--engine", help="engine name (logs, records, the lock's holder)")
+    p.add_argument("--config", help="engine config JSON (command, env, health_url, model_path, plan ...)")
+    p.add_argument("--node-config", default=NODE_CONFIG, help="node-wide defaults, default %(default)s")
+    p.add_argument("--health-url")
+    p.add_argument("--model-path")
+    p.add_argument("--guard-mode", choices=uma_guard.MODES)
+    p.add_argument("--readahead-kb", type=int)
+    p.add_argument("--lock-path")
+    p.add_argument("--lock-timeout", type=float, dest="lock_timeout_s")
+    p.add_argument("--health-timeout", type=float, dest="health_timeout_s")
+    p.add_argument("--state-dir")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV (when not in --config)")
+    return p
+
+
+def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    ns = build_parser().parse_args(argv)
+    command = list(ns.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    node = read_json(ns.node_config) if ns.node_config and os.path.exists(ns.node_config) else None
+    engine_file = None
+    if ns.config:
+        engine_file = read_json(ns.config)
+        if not isinstance(engine_file, dict):
+            raise UmaError("--config", ns.config, "is missing or not a JSON object", "Give the engine's config file.")
+    cli = {
+        "engine": ns.engine,
+        "health_url": ns.health_url,
+        "model_path": ns.model_path,
+        "guard_mode": ns.guard_mode,
+        "readahead_kb": ns.readahead_kb,
+        "lock_path": ns.lock_path,
+        "lock_timeout_s": ns.lock_timeout_s,
+        "health_timeout_s": ns.health_timeout_s,
+        "state_dir": ns.state_dir,
+        "command": command or None,
+    }
+    return validate(merge_config(node if isinstance(node, dict) else None, engine_file, cli))
+
+
+# --------------------------------------------------------------------------
+# Small pieces
+
+
+class Log:
+    """One line per step on stdout (the journal), with the time since start."""
+
+    def __init__(self, engine: str, clock: Callable[[], float] = time.monotonic, out: Any = None) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.start = clock()
+        self.out = out or sys.stdout
+        self.steps: List[Dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def elapsed(self) -> float:
+        return round(self.clock() - self.start, 3)
+
+    def step(self, name: str, duration: Optional[float] = None, **fields: Any) -> None:
+        entry = {"name": name, "t": self.elapsed()}
+        if duration is not None:
+            entry["duration_s"] = round(duration, 3)
+        entry.update(fields)
+        self.steps.append(entry)
+        extras = " ".join("%s=%s" % (k, _fmt(v)) for k, v in entry.items() if k not in ("name",))
+        self.line("%s %s" % (name, extras))
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self.out.write("[%s %s] %s\n" % (PROG, self.engine, text))
+            self.out.flush()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "%.3f" % value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+class LaunchLock:
+    """Per-node launch lock: flock on a file, holder written beside it."""
+
+    def __init__(self, path: str, engine: str) -> None:
+        self.path = path
+        self.holder_path = path + ".holder"
+        self.engine = engine
+        self.fd: Optional[int] = None
+
+    def try_acquire(self) -> bool:
+        if self.fd is None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        atomic_write_json(self.holder_path, {"engine": self.engine, "pid": os.getpid(), "since": time.time()})
+        return True
+
+    def holder(self) -> Optional[Dict[str, Any]]:
+        data = read_json(self.holder_path)
+        if not isinstance(data, dict):
+            return None
+        pid = data.get("pid")
+        data["alive"] = isinstance(pid, int) and _pid_alive(pid)
+        return data
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            data = read_json(self.holder_path)
+            if isinstance(data, dict) and data.get("pid") == os.getpid():
+                os.unlink(self.holder_path)
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(
+    lock: LaunchLock, timeout: float, log: Log, sleep: Callable[[float], None] = time.sleep, say_every: float = 10.0
+) -> bool:
+    """Wait for the lock, saying for whom; False at the timeout."""
+    started = time.monotonic()
+    said = -say_every
+    while True:
+        if lock.try_acquire():
+            waited = time.monotonic() - started
+            log.step("lock-acquired", duration=waited, lock=lock.path)
+            return True
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            log.step("lock-timeout", duration=waited, holder=lock.holder())
+            return False
+        if waited - said >= say_every:
+            said = waited
+            holder = lock.holder() or {}
+            log.line(
+                "waiting for the launch lock %s held by engine %s (pid %s, since %s)"
+                % (
+                    lock.path,
+                    holder.get("engine", "?"),
+                    holder.get("pid", "?"),
+                    time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?",
+                )
+            )
+        sleep(0.2)
+
+
+def model_files(model_path: Optional[str]) -> List[str]:
+    if not model_path:
+        return []
+    return [entry[0] for entry in uma_guard.iter_files([model_path])]
+
+
+def evict_files(paths: List[str]) -> int:
+    """posix_fadvise(DONTNEED) over each file; returns the bytes asked to go."""
+    total = 0
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            total += os.fstat(fd).st_size
+            uma_guard.fadvise_dontneed(fd)
+        finally:
+            os.close(fd)
+    return total
+
+
+def drop_caches(proc_root: str, level: int = 1) -> None:
+    with open(os.path.join(proc_root, "sys", "vm", "drop_caches"), "w", encoding="ascii") as handle:
+        handle.write("%d\n" % level)
+
+
+def health_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _set_pdeathsig() -> None:
+    """Child side: die with SIGTERM when the launcher dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def exit_code(returncode: Optional[int]) -> int:
+    if returncode is None:
+        return 1
+    if returncode < 0:
+        return 128 + (-returncode)
+    return returncode
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-%d" % os.getpid()
+
+
+# --------------------------------------------------------------------------
+# The launch
+
+
+class Launch:
+    def __init__(self, config: Dict[str, Any], log: Optional[Log] = None) -> None:
+        self.config = config
+        self.engine_name = config["engine"]
+        self.log = log or Log(self.engine_name)
+        self.lock = LaunchLock(config["lock_path"], self.engine_name)
+        self.record_dir = os.path.join(config["state_dir"], "launches", self.engine_name, stamp())
+        self.record: Dict[str, Any] = {
+            "engine": self.engine_name,
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "healthy_at": None,
+            "failed_at": None,
+            "exit_code": None,
+            "kv_alloc_t": None,
+            "page_cache_peak_mib": None,
+            "guard_status": None,
+            "plan": config.get("plan"),
+            "argv": config["command"],
+            "steps": self.log.steps,
+            "model_path": config.get("model_path"),
+        }
+        self.engine: Optional[subprocess.Popen] = None
+        self.guard: Optional[subprocess.Popen] = None
+        self.readahead_record: Optional[str] = None
+        self.stop_signal: Optional[int] = None
+        self.cleaned = False
+        self.tail: List[str] = []
+        self._files: Optional[List[str]] = None
+
+    # ---- helpers
+    def files(self) -> List[str]:
+        if self._files is None:
+            self._files = model_files(self.config.get("model_path"))
+        return self._files
+
+    def write_record(self) -> None:
+        try:
+            os.makedirs(self.record_dir, exist_ok=True)
+            atomic_write_json(os.path.join(self.record_dir, "launch.json"), self.record)
+            latest = os.path.join(os.path.dirname(self.record_dir), "latest")
+            tmp = latest + ".tmp"
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            os.symlink(os.path.basename(self.record_dir), tmp)
+            os.replace(tmp, latest)
+        except OSError as err:
+            self.log.line("cannot write the launch record in %s: %s" % (self.record_dir, err))
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.stop_signal = signum
+        if self.engine is not None and self.engine.poll() is None:
+            try:
+                self.engine.send_signal(signum)
+            except OSError:
+                pass
+
+    # ---- steps
+    def pre_evict(self) -> None:
+        started = time.monotonic()
+        os.sync()
+        mode = self.config["pre_evict"]
+        if mode == "files":
+            asked = evict_files(self.files())
+            self.log.step(
+                "pre-evict", duration=time.monotonic() - started, mode="files", files=len(self.files()), bytes=asked
+            )
+        elif mode == "drop":
+            try:
+                drop_caches(self.config["proc_root"], 1)
+                self.log.step("pre-evict", duration=time.monotonic() - started, mode="drop")
+            except OSError as err:
+                self.log.step("pre-evict", duration=time.monotonic() - started, mode="drop", error=str(err))
+        else:
+            self.log.step("pre-evict", duration=time.monotonic() - started, mode="none")
+
+    def open_readahead(self) -> None:
+        kb = self.config.get("readahead_kb")
+        if kb is None:
+            return
+        started = time.monotonic()
+        try:
+            devices = _blockdev.resolve_path(
+                self.config["model_path"], self.config["sysfs_root"], self.config["proc_root"]
+            )
+            originals = {d.name: _blockdev.read_ra(d) for d in devices}
+            name = "launch-" + self.engine_name
+            path = _blockdev.record_path(self.config["state_dir"], name)
+            if os.path.exists(path):  # a window left open by a dead launch: keep its originals
+                _blockdev.restore_record(path, self.config["sysfs_root"])
+                originals = {d.name: _blockdev.read_ra(d) for d in devices}
+            record = _blockdev.new_record(
+                name, devices, originals, kb, int(self.config["health_timeout_s"]), time.time()
+            )
+            _blockdev.write_record(path, record)
+            self.readahead_record = path
+            for dev in devices:
+                _blockdev.write_ra(dev.ra_path, kb)
+            self.log.step("readahead-window", duration=time.monotonic() - started, read_ahead_kb=kb, devices=originals)
+        except UmaError as err:
+            self.log.step("readahead-window", duration=time.monotonic() - started, error=err.message)
+
+    def restore_readahead(self) -> None:
+        if not self.readahead_record:
+            return
+        started = time.monotonic()
+        result = _blockdev.restore_record(self.readahead_record, self.config["sysfs_root"])
+        self.readahead_record = None
+        self.log.step(
+            "readahead-restored",
+            duration=time.monotonic() - started,
+            restored=[r["device"] for r in result["restored"]],
+            errors=result["errors"],
+        )
+
+    def start_guard(self) -> None:
+        if not self.config.get("guard"):
+            return
+        mode = self.config["guard_mode"]
+        argv = [
+            self.config["python"], os.path.join(self.config["lib_dir"], "uma_guard.py"),
+            "--name", "launch-" + self.engine_name, "--mode", mode,
+            "--interval", str(self.config["guard_interval"]),
+            "--threshold-mib", str(self.config["guard_threshold_mib"]),
+            "--max-duration", str(self.config["guard_max_duration"]),
+            "--until-pid", str(os.getpid()),
+            "--status-file", os.path.join(self.record_dir, "guard.json"),
+            "--samples-file", os.path.join(self.record_dir, "samples.jsonl"),
+        ]  # fmt: skip
+        if mode != "global" and self.config.get("model_path"):
+            argv += ["--paths", self.config["model_path"]]
+        os.makedirs(self.record_dir, exist_ok=True)
+        self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509
+        self.log.step("guard-started", mode=mode, pid=self.guard.pid)
+
+    def stop_guard(self) -> None:
+        if self.guard is None:
+            return
+        started = time.monotonic()
+        if self.guard.poll() is None:
+            self.guard.terminate()
+            try:
+                self.guard.wait(10)
+            except subprocess.TimeoutExpired:
+                self.guard.kill()
+                self.guard.wait()
+        status = read_json(os.path.join(self.record_dir, "guard.json"))
+        self.record["guard_status"] = status
+        if isinstance(status, dict):
+            self.record["page_cache_peak_mib"] = status.get("peak_cache_mib")
+        self.log.step(
+            "guard-stopped",
+            duration=time.monotonic() - started,
+            exit=self.guard.returncode,
+            page_cache_peak_mib=(status or {}).get("peak_cache_mib"),
+            peak_growth_mib=(status or {}).get("peak_growth_mib"),
+            evictions=(status or {}).get("evictions"),
+            guard_cpu_s=(status or {}).get("cpu_seconds"),
+        )
+        self.guard = None
+
+    def start_engine(self) -> None:
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in self.config["env"].items()})
+        self.engine = subprocess.Popen(
+            self.config["command"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, before any thread
+        )
+        self.log.step("engine-started", pid=self.engine.pid, argv=self.config["command"])
+        threading.Thread(target=self._pump, name="engine-output", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.engine is not None and self.engine.stdout is not None
+        for raw in iter(self.engine.stdout.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            self.tail = [*self.tail, line][-50:]
+            if self.record["kv_alloc_t"] is None and KV_MARKERS.search(line):
+                self.record["kv_alloc_t"] = self.log.elapsed()
+                self.log.line("kv-cache-allocated t=%.3f (%s)" % (self.record["kv_alloc_t"], line.strip()[-160:]))
+
+    def wait_healthy(self) -> Tuple[bool, str]:
+        deadline = time.monotonic() + self.config["health_timeout_s"]
+        started = time.monotonic()
+        assert self.engine is not None
+        while True:
+            if self.stop_signal is not None:
+                return False, "signal %d" % self.stop_signal
+            if self.engine.poll() is not None:
+                return False, "engine exited with %d before it was healthy" % self.engine.returncode
+            if health_ok(self.config["health_url"]):
+                self.log.step("engine-healthy", duration=time.monotonic() - started, url=self.config["health_url"])
+                return True, "healthy"
+            if time.monotonic() >= deadline:
+                return False, "no 200 from %s within %ss" % (self.config["health_url"], self.config["health_timeout_s"])
+            time.sleep(self.config["health_interval_s"])
+
+    def stop_engine(self) -> None:
+        if self.engine is None or self.engine.poll() is not None:
+            return
+        started = time.monotonic()
+        self.engine.terminate()
+        try:
+            self.engine.wait(self.config["stop_timeout_s"])
+        except subprocess.TimeoutExpired:
+            self.engine.kill()
+            self.engine.wait()
+        self.log.step("engine-stopped", duration=time.monotonic() - started, returncode=self.engine.returncode)
+
+    def load_done(self) -> None:
+        """What follows a load, healthy or not: nothing of the window stays."""
+        self.stop_guard()
+        if self.config.get("evict_after_healthy") and self.files():
+            started = time.monotonic()
+            asked = evict_files(self.files())
+            self.log.step("post-evict", duration=time.monotonic() - started, files=len(self.files()), bytes=asked)
+        self.restore_readahead()
+        if self.lock.held:
+            self.lock.release()
+            self.log.step("lock-released")
+
+    def cleanup(self) -> None:
+        if self.cleaned:
+            return
+        self.cleaned = True
+        for action in (self.stop_engine, self.load_done):
+            try:
+                action()
+            except Exception as err:
+                self.log.line("clean-up step %s failed: %s" % (action.__name__, err))
+
+    # ---- the whole thing
+    def run(self) -> int:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self.on_signal)
+        self.log.step("launch", engine=self.engine_name, record=self.record_dir)
+        try:
+            if not acquire_lock(self.lock, self.config["lock_timeout_s"], self.log):
+                self.record["failed_at"] = self.log.elapsed()
+                self.record["exit_code"] = EXIT_LOCK_TIMEOUT
+                return EXIT_LOCK_TIMEOUT
+            if self.stop_signal is not None:
+                self.record["exit_code"] = 128 + self.stop_signal
+                return 128 + self.stop_signal
+            self.pre_evict()
+            self.open_readahead()
+            self.start_guard()
+            self.start_engine()
+            healthy, why = self.wait_healthy()
+            if not healthy:
+                self.record["failed_at"] = self.log.elapsed()
+                self.log.step("launch-failed", reason=why, engine_tail=self.tail[-5:])
+                self.cleanup()
+                code = exit_code(self.engine.returncode if self.engine else None)
+                if self.stop_signal is not None and (self.engine is None or self.engine.returncode is None):
+                    code = 128 + self.stop_signal
+                if "within" in why:
+                    code = EXIT_HEALTH_TIMEOUT
+                self.record["exit_code"] = code
+                return code
+            self.record["healthy_at"] = self.log.elapsed()
+            self.load_done()
+            self.write_record()
+            assert self.engine is not None
+            while self.engine.poll() is None:
+                try:
+                    self.engine.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    continue
+            code = exit_code(self.engine.returncode)
+            self.record["exit_code"] = code
+            self.log.step("engine-exited", returncode=self.engine.returncode)
+            return code
+        finally:
+            self.cleanup()
+            self.write_record()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        config = load_config(argv)
+    except UmaError as err:
+        sys.stderr.write("%s: %s\n" % (PROG, err.message))
+        return EXIT_CONFIG
+    return Launch(config).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

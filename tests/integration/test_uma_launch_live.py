@@ -1,0 +1,205 @@
+"""The launcher run for real (processes, flock, guard, signals) around a stand-in engine.
+
+The stand-in (fixtures/stand_in_engine.py) replaces vLLM only to keep these
+tests to seconds; the launch_wrapper Molecule scenario runs the real engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+
+HERE = os.path.dirname(__file__)
+LAUNCHER = uma_launch.__file__
+STAND_IN = os.path.join(HERE, "fixtures", "stand_in_engine.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def env(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for i in range(3):
+        (model / ("model-%05d-of-00003.safetensors" % (i + 1))).write_bytes(os.urandom(2 << 20))
+    return {"tmp": tmp_path, "model": str(model), "state": str(tmp_path / "state"), "lock": str(tmp_path / "lock")}
+
+
+def launch(env, engine="t1", engine_args=(), extra=(), port=None):
+    port = port or free_port()
+    argv = [
+        sys.executable, LAUNCHER, "--engine", engine, "--node-config", "/nonexistent",
+        "--health-url", "http://127.0.0.1:%d/health" % port, "--model-path", env["model"],
+        "--lock-path", env["lock"], "--state-dir", env["state"], "--health-timeout", "60", *extra,
+        "--", sys.executable, STAND_IN, "--port", str(port), "--model", env["model"], *engine_args,
+    ]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def read_until(proc, pattern, timeout=60.0):
+    """Lines of the launcher's output up to the first match of ``pattern``."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        match = re.search(pattern, line)
+        if match:
+            return match, seen
+    raise AssertionError("no %r in output:\n%s" % (pattern, "".join(seen)))
+
+
+def record(env, engine="t1"):
+    with open(os.path.join(env["state"], "launches", engine, "latest", "launch.json")) as handle:
+        return json.load(handle)
+
+
+def lock_is_free(env):
+    lock = uma_launch.LaunchLock(env["lock"], "probe")
+    try:
+        return lock.try_acquire()
+    finally:
+        lock.release()
+
+
+def test_healthy_launch_cleans_up_then_waits_for_the_engine(env):
+    proc = launch(env)
+    _, lines = read_until(proc, r"lock-released")
+    text = "".join(lines)
+    order = [
+        m.group(1)
+        for m in re.finditer(
+            r"\] (launch|lock-acquired|pre-evict|guard-started|engine-started|"
+            r"engine-healthy|guard-stopped|post-evict|lock-released)\b",
+            text,
+        )
+    ]
+    assert order == ["launch", "lock-acquired", "pre-evict", "guard-started", "engine-started",
+                     "engine-healthy", "guard-stopped", "post-evict", "lock-released"]  # fmt: skip
+    assert "kv-cache-allocated" in text and "GPU KV cache size: 4096 tokens" in text
+    assert lock_is_free(env)
+    time.sleep(0.3)
+    rec = record(env)
+    assert rec["healthy_at"] is not None and rec["kv_alloc_t"] is not None
+    assert rec["guard_status"]["state"] == "stopped" and rec["guard_status"]["stop_reason"] == "signal"
+    assert os.path.exists(os.path.join(env["state"], "launches", "t1", "latest", "samples.jsonl"))
+    assert proc.poll() is None, "the launcher stays with its engine"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert record(env)["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_engine_killed_during_load(env):
+    proc = launch(env, engine_args=("--load-s", "20"))
+    match, _ = read_until(proc, r"engine-started .*pid=(\d+)")
+    os.kill(int(match.group(1)), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert "launch-failed" in out and "guard-stopped" in out and "lock-released" in out
+    assert lock_is_free(env)
+    rec = record(env)
+    assert rec["failed_at"] is not None and rec["healthy_at"] is None
+    assert rec["guard_status"]["state"] == "stopped"
+    assert rec["exit_code"] == 137
+
+
+def test_engine_failure_exit_code_propagates(env):
+    proc = launch(env, engine_args=("--exit-before-healthy", "3"))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 3, out
+    assert "engine exited with 3 before it was healthy" in out
+    assert lock_is_free(env)
+
+
+def test_signal_during_load_stops_engine_and_cleans_up(env):
+    proc = launch(env, engine_args=("--load-s", "20"))
+    read_until(proc, r"engine-started")
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "guard-stopped" in out and "lock-released" in out
+    assert lock_is_free(env)
+
+
+def test_second_engine_waits_and_says_for_whom(env):
+    holder = uma_launch.LaunchLock(env["lock"], "big-model")
+    assert holder.try_acquire()
+    proc = launch(env, engine="t2")
+    try:
+        read_until(proc, r"waiting for the launch lock .* held by engine big-model \(pid %d" % os.getpid(), 30)
+        time.sleep(1)
+        assert proc.poll() is None
+        holder.release()
+        read_until(proc, r"lock-acquired", 30)
+        read_until(proc, r"lock-released", 60)
+    finally:
+        holder.release()
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_lock_timeout_exits_tempfail(env):
+    holder = uma_launch.LaunchLock(env["lock"], "big-model")
+    assert holder.try_acquire()
+    try:
+        proc = launch(env, extra=("--lock-timeout", "1"))
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == uma_launch.EXIT_LOCK_TIMEOUT, out
+        assert "lock-timeout" in out
+    finally:
+        holder.release()
+
+
+def test_dead_holder_never_leaks_the_lock(env):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; sys.path[:0] = %r; "
+         "from ansible_collections.uma.vllm.plugins.module_utils.uma_launch import LaunchLock; "
+         "l = LaunchLock(%r, 'doomed'); assert l.try_acquire(); print('held', flush=True); time.sleep(60)"
+         % (sys.path, env["lock"])],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == "held"
+    assert not lock_is_free(env)
+    holder.kill()
+    holder.wait()
+    assert lock_is_free(env)
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--engine", "bad name", "--health-url", "http://x/health", "--", "true"], "engine"),
+        (["--engine", "e", "--health-url", "ftp://x", "--", "true"], "health_url"),
+        (["--engine", "e", "--health-url", "http://x/health"], "command"),
+        (["--engine", "e", "--health-url", "http://x/h", "--model-path", "/no/such", "--", "true"], "model_path"),
+        (["--engine", "e", "--health-url", "http://x/h", "--readahead-kb", "-1", "--", "true"], "readahead_kb"),
+    ],
+)
+def test_bad_configuration_exits_with_the_fix(args, option):
+    proc = subprocess.run(
+        [sys.executable, LAUNCHER, "--node-config", "/nonexistent", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == uma_launch.EXIT_CONFIG
+    assert proc.stderr.startswith("vllm-uma-launch: option '%s' = " % option), proc.stderr
+    assert "Traceback" not in proc.stderr
