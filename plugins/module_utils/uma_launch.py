@@ -214,12 +214,12 @@ class Log:
         return round(self.clock() - self.start, 3)
 
     def step(self, name: str, duration: Optional[float] = None, **fields: Any) -> None:
-        entry = {"name": name, "t": self.elapsed()}
+        entry = {"name": name, "t": self.elapsed(), "at": round(time.time(), 3)}
         if duration is not None:
             entry["duration_s"] = round(duration, 3)
         entry.update(fields)
         self.steps.append(entry)
-        extras = " ".join("%s=%s" % (k, _fmt(v)) for k, v in entry.items() if k not in ("name",))
+        extras = " ".join("%s=%s" % (k, _fmt(v)) for k, v in entry.items() if k not in ("name", "at"))
         self.line("%s %s" % (name, extras))
 
     def line(self, text: str) -> None:

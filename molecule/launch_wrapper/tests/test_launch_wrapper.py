@@ -1,0 +1,72 @@
+"""What the launches left on the node: records, lock, guard, readahead, ordering."""
+
+from __future__ import annotations
+
+import json
+
+
+def record(host, engine):
+    return json.loads(host.file("/var/lib/uma-vllm/launches/%s/latest/launch.json" % engine).content_string)
+
+
+def steps(rec):
+    return {s["name"]: s for s in rec["steps"]}
+
+
+def test_programs_installed(host):
+    for name in ("_common.py", "_blockdev.py", "uma_guard.py", "uma_launch.py"):
+        f = host.file("/usr/local/lib/uma-vllm/" + name)
+        assert f.exists and f.user == "root" and f.mode == 0o644
+    launcher = host.file("/usr/local/bin/vllm-uma-launch")
+    assert launcher.mode == 0o755 and "Ansible managed" in launcher.content_string
+    assert host.run("/usr/local/bin/vllm-uma-launch --help").rc == 0
+    node = json.loads(host.file("/etc/uma-vllm/launch.json").content_string)
+    assert node["guard_mode"] == "adaptive" and node["lock_path"] == "/run/uma-vllm/launch.lock"
+
+
+def test_healthy_launch_record(host):
+    rec = record(host, "a")
+    assert rec["healthy_at"] is not None and rec["failed_at"] is None
+    assert rec["kv_alloc_t"] is not None and rec["kv_alloc_t"] < rec["healthy_at"]
+    assert rec["guard_status"]["state"] == "stopped" and rec["guard_status"]["stop_reason"] == "signal"
+    assert rec["page_cache_peak_mib"] is not None
+    assert rec["plan"]["kv_tokens"] > 0
+    names = [s["name"] for s in rec["steps"]]
+    for earlier, later in [("lock-acquired", "engine-started"), ("engine-healthy", "guard-stopped"),
+                           ("guard-stopped", "post-evict"), ("post-evict", "lock-released")]:  # fmt: skip
+        assert names.index(earlier) < names.index(later)
+    # stopped by systemctl stop: the engine's own exit status is passed on
+    returncode = steps(rec)["engine-exited"]["returncode"]
+    assert rec["exit_code"] == (128 - returncode if returncode < 0 else returncode)
+    assert host.file("/var/lib/uma-vllm/launches/a/latest/samples.jsonl").size > 0
+
+
+def test_killed_engine_record(host):
+    rec = record(host, "k")
+    assert rec["healthy_at"] is None and rec["failed_at"] is not None
+    assert rec["exit_code"] == 137
+    names = [s["name"] for s in rec["steps"]]
+    assert {"readahead-window", "launch-failed", "guard-stopped", "readahead-restored", "lock-released"} <= set(names)
+    assert not host.file("/var/lib/uma-vllm/readahead-launch-k.json").exists
+
+
+def test_nothing_left_running_or_held(host):
+    assert host.run("pgrep -f '[u]ma_guard.py'").rc == 1
+    assert host.run("pgrep -f '[v]llm.entrypoints'").rc == 1
+    assert host.run("flock --nonblock /run/uma-vllm/launch.lock true").rc == 0
+    assert not host.file("/run/uma-vllm/launch.lock.holder").exists
+
+
+def test_three_simultaneous_engines_started_one_after_another(host):
+    windows = []
+    for engine in ("b", "c", "d"):
+        rec = record(host, engine)
+        assert rec["healthy_at"] is not None, engine
+        s = steps(rec)
+        windows.append((s["lock-acquired"]["at"], s["lock-released"]["at"], engine))
+    windows.sort()
+    for (_, released, first), (acquired, _, second) in zip(windows, windows[1:]):
+        assert released <= acquired, "%s held the lock until %s but %s had it at %s" % (first, released, second, acquired)
+    waits = host.file("/var/lib/uma-vllm/lw-waits.txt").content_string
+    assert "waiting for the launch lock /run/uma-vllm/launch.lock held by engine" in waits
+    assert len(waits.strip().splitlines()) >= 2  # two engines waited
