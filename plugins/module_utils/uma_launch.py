@@ -397,7 +397,9 @@ class Launch:
             "healthy_at": None,
             "failed_at": None,
             "exit_code": None,
+            "started_at_epoch": round(time.time(), 3),
             "kv_alloc_t": None,
+            "kv_alloc_at": None,
             "page_cache_peak_mib": None,
             "guard_status": None,
             "plan": config.get("plan"),
@@ -567,6 +569,7 @@ class Launch:
             self.tail = [*self.tail, line][-50:]
             if self.record["kv_alloc_t"] is None and KV_MARKERS.search(line):
                 self.record["kv_alloc_t"] = self.log.elapsed()
+                self.record["kv_alloc_at"] = round(time.time(), 3)
                 self.log.line("kv-cache-allocated t=%.3f (%s)" % (self.record["kv_alloc_t"], line.strip()[-160:]))
 
     def wait_healthy(self) -> Tuple[bool, str]:

@@ -1,0 +1,535 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: oom_diagnose
+short_description: Tell why a vLLM engine ran out of memory on a unified-memory node, and what fixes it
+version_added: 0.1.0
+description:
+  - Reads the evidence on the node - the kernel log (C(NV_ERR_NO_MEMORY), C(oom-killer) traces through
+    C(nvidia_uvm) / C(sysmemAllocResources)), each engine's journal (launcher, vLLM and systemd lines),
+    the launcher's C(launch.json) and the guard's C(samples.jsonl), the engine's C(/metrics), the
+    guard's status file, C(/proc/meminfo) and the C(vm.*) sysctls in force.
+  - Classifies each engine as one of C(startup_oom) (weights + KV cache over the budget),
+    C(page_cache_starvation) (UMA page cache held the memory at load), C(profiling_race) (another
+    engine started at the same time), C(runtime_burst) (long prompts / batched tokens),
+    C(fragmentation) (allocator fragmentation, chronic OOMs), C(prefix_cache_pressure) (full KV cache,
+    queue and preemptions) or C(none), with the evidence lines that decided it, a confidence and the
+    concrete change (a flag, a sysctl, a guard mode, a re-plan with M(uma.vllm.vllm_flags)).
+  - Returns a Markdown report and, per engine, an SVG of the memory timeline of the launch with the
+    KV-cache allocation moment marked. It only reads; writing the reports is the caller's (see the
+    playbook C(uma.vllm.diagnose)).
+  - Sources that are missing or unreadable are reported under RV(sources), never a failure.
+author:
+  - uma.vllm developers (@uma-vllm)
+extends_documentation_fragment:
+  - uma.vllm.attributes
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads; it runs the same in check mode and never reports a change.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+options:
+  engines:
+    description:
+      - Engines to diagnose (the C(<engine>) of C(uma-vllm@<engine>.service)).
+      - Empty means every engine that has a launch directory under O(state_dir)C(/launches); with none,
+        one node-level diagnosis from the kernel log alone.
+    type: list
+    elements: str
+    default: []
+  launch:
+    description: Which launch directory of each engine to read; V(latest) follows the C(latest) symlink.
+    type: str
+    default: latest
+  state_dir:
+    description: The collection's state directory (launch records under C(launches/<engine>/)).
+    type: path
+    default: /var/lib/uma-vllm
+  run_dir:
+    description: Where the guard keeps C(guard-<engine>.json) while it runs.
+    type: path
+    default: /run/uma-vllm
+  proc_root:
+    description: Root of procfs (C(meminfo), C(sys/vm/*)); tests point it at a temporary directory.
+    type: path
+    default: /proc
+  sysctl_keys:
+    description: Sysctls whose live values the report shows as settings in force.
+    type: list
+    elements: str
+    default: [vm.min_free_kbytes, vm.vfs_cache_pressure, vm.dirty_ratio, vm.dirty_background_ratio, vm.swappiness,
+              vm.watermark_scale_factor, vm.overcommit_memory]
+  journal_command:
+    description:
+      - Command that prints an engine's journal; C({engine}) and C({lines}) are replaced.
+      - Its lines should carry ISO timestamps (C(-o short-iso)) so kernel and engine events line up.
+    type: list
+    elements: str
+    default: [journalctl, -u, "uma-vllm@{engine}.service", -o, short-iso, --no-pager, -q, -n, "{lines}"]
+  journal_dir:
+    description:
+      - Read C(<engine>.log) from this directory instead of running O(journal_command) (tests, or
+        journals exported elsewhere).
+    type: path
+  kernel_commands:
+    description:
+      - Commands tried in order until one prints something, for the kernel log; C({lines}) is replaced.
+    type: list
+    elements: list
+    default:
+      - [journalctl, -k, -o, short-iso, --no-pager, -q, -n, "{lines}"]
+      - [dmesg, --time-format, iso]
+  kernel_log_file:
+    description: Read the kernel log from this file instead of running O(kernel_commands).
+    type: path
+  lines:
+    description: How many journal / kernel log lines to read at most (a whole number, 100 or more).
+    type: raw
+    default: 20000
+  metrics_urls:
+    description:
+      - Per engine, the URL of its C(/metrics) (mapping engine to URL). Engines without one are
+        diagnosed without metrics.
+    type: dict
+    default: {}
+  metrics_timeout:
+    description: Seconds to wait for a C(/metrics) answer (a number above 0).
+    type: raw
+    default: 5
+  cache_fraction:
+    description:
+      - Reclaimable page cache (C(Cached) minus C(Mapped)) at the failure, as a fraction of C(MemTotal),
+        from which page cache counts as the cause of a failed load (a number between 0 and 1).
+    type: raw
+    default: 0.15
+  kv_usage_high:
+    description: KV cache usage (0-1) from which the cache counts as full.
+    type: raw
+    default: 0.9
+  report_host:
+    description: Host name in the report's title; the node's own name when not set.
+    type: str
+  timeline_name:
+    description: File name the report links for an engine's timeline; C({host}) and C({engine}) are replaced.
+    type: str
+    default: "{host}-{engine}.svg"
+notes:
+  - C(NV_ERR_NO_MEMORY) alone is not taken as an OOM; published GB10 logs show it during loads that went
+    healthy. It counts next to a failed start or a kill.
+seealso:
+  - module: uma.vllm.vllm_flags
+  - module: uma.vllm.uma_sysctl
+"""
+
+EXAMPLES = r"""
+- name: Diagnose every engine on the node
+  uma.vllm.oom_diagnose:
+  register: diag
+
+- name: One engine, with its metrics endpoint
+  uma.vllm.oom_diagnose:
+    engines: [qwen]
+    metrics_urls:
+      qwen: http://127.0.0.1:8000/metrics
+
+- name: From exported logs (no journal on this host)
+  uma.vllm.oom_diagnose:
+    engines: [qwen]
+    journal_dir: /srv/support/case-42/journal
+    kernel_log_file: /srv/support/case-42/dmesg.txt
+    state_dir: /srv/support/case-42/uma-vllm
+
+- name: Show the verdict
+  ansible.builtin.debug:
+    msg: "{{ diag.class }}: {{ diag.diagnoses[0].fix | first }}"
+"""
+
+RETURN = r"""
+class:
+  description: The node's verdict - the most confident class over its engines, C(none) when none found.
+  returned: always
+  type: str
+  sample: page_cache_starvation
+diagnoses:
+  description: One entry per engine (or one node-level entry when there are no engines).
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    engine:
+      description: Engine name, or null for the node-level entry.
+      type: str
+    class:
+      description: The class id.
+      type: str
+    title:
+      description: The class in words.
+      type: str
+    confidence:
+      description: 0-1; how strongly the evidence points to the class.
+      type: float
+    evidence:
+      description: The lines (log lines, computed facts) that decided it.
+      type: list
+      elements: str
+    fix:
+      description: The concrete changes to make, most effective first.
+      type: list
+      elements: str
+    others:
+      description: Other classes that matched with less confidence, with their evidence and fix.
+      type: list
+      elements: dict
+    settings:
+      description: The settings in force (engine flags, plan, sysctls, guard).
+      type: dict
+    summary:
+      description: What was read (launch, runs in the journal, restarts, samples, KV allocation time).
+      type: dict
+    metrics:
+      description: The values read from C(/metrics) (KV usage and which metric name, running, waiting...).
+      type: dict
+  sample:
+    - engine: dsv4
+      class: page_cache_starvation
+      title: UMA page-cache starvation at load
+      confidence: 0.9
+      evidence: ["ai2 kernel: NVRM: ... NV_ERR_NO_MEMORY ...", "samples.jsonl t=110.0s: Cached-Mapped 36.70 GiB ..."]
+      fix: ["Run the load with the page-cache guard in 'evict' mode ..."]
+report:
+  description: The node's report in Markdown (one section per engine).
+  returned: always
+  type: str
+timelines:
+  description: Per engine, the SVG of the last launch's memory samples, and the file name the report links.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    engine:
+      description: Engine name.
+      type: str
+    file:
+      description: File name used in the report (O(timeline_name)).
+      type: str
+    svg:
+      description: The SVG document.
+      type: str
+sources:
+  description: Per source, what was read or why not (missing file, command not found, HTTP error).
+  returned: always
+  type: dict
+  sample: {kernel: "journalctl -k: 2211 lines", "journal:qwen": "command not found: journalctl"}
+changed:
+  description: Always false; the module only reads.
+  returned: always
+  type: bool
+"""
+
+import os
+import platform
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.uma.vllm.plugins.module_utils import _diagnose, _timeline
+from ansible_collections.uma.vllm.plugins.module_utils._common import (
+    UmaError,
+    read_json,
+    read_meminfo,
+    read_text,
+    require_int,
+)
+
+
+def _number(option, value, low, high):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UmaError(option, value, "is not a number", "Give a number between %g and %g." % (low, high)) from None
+    if isinstance(value, bool) or not low <= number <= high:
+        raise UmaError(option, value, "is out of range", "Give a number between %g and %g." % (low, high))
+    return number
+
+
+def _run(argv, sources, key):
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    except FileNotFoundError:
+        sources[key] = "command not found: %s" % argv[0]
+        return None
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        sources[key] = "%s: %s" % (argv[0], exc)
+        return None
+    text = proc.stdout.decode("utf-8", "replace")
+    if proc.returncode != 0 and not text.strip():
+        sources[key] = "%s exited %d: %s" % (
+            " ".join(argv[:2]),
+            proc.returncode,
+            proc.stderr.decode("utf-8", "replace")[:200],
+        )
+        return None
+    sources[key] = "%s: %d lines" % (" ".join(argv[:2]), len(text.splitlines()))
+    return text
+
+
+def _fill(argv, **values):
+    out = []
+    for raw in argv:
+        arg = str(raw)
+        for name, value in values.items():
+            arg = arg.replace("{%s}" % name, str(value))
+        out.append(arg)
+    return out
+
+
+def _read_file(path, sources, key):
+    try:
+        text = read_text(path)
+    except OSError as exc:
+        sources[key] = "%s: %s" % (path, exc.strerror)
+        return None
+    sources[key] = "%s: %s" % (path, "missing" if text is None else "%d lines" % len(text.splitlines()))
+    return text
+
+
+def _launch_dirs(state_dir):
+    root = os.path.join(state_dir, "launches")
+    try:
+        return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    except OSError:
+        return []
+
+
+def _read_launch(state_dir, engine, launch, sources):
+    base = os.path.join(state_dir, "launches", engine)
+    path = os.path.realpath(os.path.join(base, launch))
+    record = read_json(os.path.join(path, "launch.json"))
+    samples_text = None
+    if record is None:
+        sources["launch:%s" % engine] = "%s: no launch.json" % path
+    else:
+        sources["launch:%s" % engine] = "%s/launch.json" % path
+        samples_text = _read_file(os.path.join(path, "samples.jsonl"), sources, "samples:%s" % engine)
+    return record, samples_text
+
+
+def _other_launches(state_dir, engine, limit=20):
+    out = []
+    for other in _launch_dirs(state_dir):
+        if other == engine:
+            continue
+        base = os.path.join(state_dir, "launches", other)
+        try:
+            stamps = sorted(d for d in os.listdir(base) if d != "latest")[-limit:]
+        except OSError:
+            continue
+        for stamp in stamps:
+            record = read_json(os.path.join(base, stamp, "launch.json"))
+            if isinstance(record, dict):
+                record.setdefault("engine", other)
+                out.append(record)
+    return out
+
+
+def _sysctls(proc_root, keys):
+    values = {}
+    for key in keys:
+        path = os.path.join(proc_root, "sys", *key.split("."))
+        try:
+            text = read_text(path)
+        except OSError:
+            text = None
+        if text is not None:
+            values[key] = " ".join(text.split())
+    return values
+
+
+def _metrics(url, timeout, sources, key):
+    try:
+        answer = open_url(url, timeout=timeout)
+        text = answer.read().decode("utf-8", "replace")
+    except Exception as exc:  # any network error only means "no metrics"
+        sources[key] = "%s: %s" % (url, exc)
+        return None
+    sources[key] = "%s: %d lines" % (url, len(text.splitlines()))
+    return text
+
+
+def run_module():
+    module = AnsibleModule(
+        argument_spec=dict(
+            engines=dict(type="list", elements="str", default=[]),
+            launch=dict(type="str", default="latest"),
+            state_dir=dict(type="path", default="/var/lib/uma-vllm"),
+            run_dir=dict(type="path", default="/run/uma-vllm"),
+            proc_root=dict(type="path", default="/proc"),
+            sysctl_keys=dict(
+                type="list",
+                elements="str",
+                no_log=False,
+                default=[
+                    "vm.min_free_kbytes",
+                    "vm.vfs_cache_pressure",
+                    "vm.dirty_ratio",
+                    "vm.dirty_background_ratio",
+                    "vm.swappiness",
+                    "vm.watermark_scale_factor",
+                    "vm.overcommit_memory",
+                ],
+            ),
+            journal_command=dict(
+                type="list",
+                elements="str",
+                default=[
+                    "journalctl",
+                    "-u",
+                    "uma-vllm@{engine}.service",
+                    "-o",
+                    "short-iso",
+                    "--no-pager",
+                    "-q",
+                    "-n",
+                    "{lines}",
+                ],
+            ),
+            journal_dir=dict(type="path"),
+            kernel_commands=dict(
+                type="list",
+                elements="list",
+                default=[
+                    ["journalctl", "-k", "-o", "short-iso", "--no-pager", "-q", "-n", "{lines}"],
+                    ["dmesg", "--time-format", "iso"],
+                ],
+            ),
+            kernel_log_file=dict(type="path"),
+            lines=dict(type="raw", default=20000),
+            metrics_urls=dict(type="dict", default={}),
+            metrics_timeout=dict(type="raw", default=5),
+            cache_fraction=dict(type="raw", default=0.15),
+            kv_usage_high=dict(type="raw", default=0.9),
+            report_host=dict(type="str"),
+            timeline_name=dict(type="str", default="{host}-{engine}.svg"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        lines = require_int("lines", p["lines"], minimum=100, maximum=10_000_000)
+        timeout = _number("metrics_timeout", p["metrics_timeout"], 0.1, 300)
+        settings = {
+            "cache_fraction": _number("cache_fraction", p["cache_fraction"], 0.0, 1.0),
+            "kv_usage_high": _number("kv_usage_high", p["kv_usage_high"], 0.0, 1.0),
+        }
+        for engine in p["engines"]:
+            if not engine or "/" in engine or engine.startswith("."):
+                raise UmaError(
+                    "engines", engine, "is not an engine name", "Give the <engine> of uma-vllm@<engine>.service."
+                )
+        for engine, url in p["metrics_urls"].items():
+            if not str(url).startswith(("http://", "https://")):
+                raise UmaError(
+                    "metrics_urls", {engine: url}, "is not an http(s) URL", "Give e.g. http://127.0.0.1:8000/metrics."
+                )
+        if p["report_host"] is None:
+            p["report_host"] = platform.node()
+        result = diagnose_node(p, lines, timeout, settings)
+    except UmaError as err:
+        module.fail_json(msg=err.message)
+    module.exit_json(changed=False, **result)
+
+
+def diagnose_node(p, lines, timeout, settings):
+    sources = {}
+    host = p["report_host"]
+    if p["kernel_log_file"]:
+        kernel = _read_file(p["kernel_log_file"], sources, "kernel")
+    else:
+        kernel = None
+        for argv in p["kernel_commands"]:
+            text = _run(_fill(argv, lines=lines), sources, "kernel")
+            if text and text.strip():
+                kernel = text
+                break
+    try:
+        meminfo = read_meminfo(p["proc_root"])
+    except OSError as exc:
+        meminfo = {}
+        sources["meminfo"] = "%s/meminfo: %s" % (p["proc_root"], exc.strerror)
+    sysctl = _sysctls(p["proc_root"], p["sysctl_keys"])
+    engines = list(p["engines"]) or _launch_dirs(p["state_dir"]) or [None]
+    diagnoses, timelines, sections = [], [], []
+    for engine in engines:
+        evidence = {"dmesg": kernel or "", "meminfo": meminfo, "sysctl": sysctl, "engine": engine}
+        if engine:
+            if p["journal_dir"]:
+                evidence["journal"] = _read_file(
+                    os.path.join(p["journal_dir"], "%s.log" % engine), sources, "journal:%s" % engine
+                )
+            else:
+                argv = _fill(p["journal_command"], engine=engine, lines=lines)
+                evidence["journal"] = _run(argv, sources, "journal:%s" % engine)
+            launch, samples_text = _read_launch(p["state_dir"], engine, p["launch"], sources)
+            evidence["launch"] = launch
+            evidence["samples"] = samples_text or ""
+            evidence["other_launches"] = _other_launches(p["state_dir"], engine)
+            guard = read_json(os.path.join(p["run_dir"], "guard-%s.json" % engine))
+            if isinstance(guard, dict):
+                evidence["guard"] = guard
+            url = p["metrics_urls"].get(engine)
+            if url:
+                evidence["metrics"] = _metrics(url, timeout, sources, "metrics:%s" % engine)
+        result = _diagnose.diagnose(evidence, settings)
+        result["engine"] = engine
+        diagnoses.append(result)
+        svg_file = None
+        if engine:
+            launch = evidence.get("launch") or {}
+            samples = _diagnose.align_samples(
+                _diagnose.parse_samples(evidence.get("samples") or ""), _diagnose.launch_epoch(launch)
+            )
+            marks = []
+            started = _diagnose.record_time(launch, "started_at")
+            for key, label in (("healthy_at", "healthy"), ("failed_at", "failed")):
+                when = _diagnose.record_time(launch, key)
+                if started is not None and when is not None:
+                    marks.append((round(when - started, 1), label))
+            total = meminfo.get("MemTotal")
+            svg_file = p["timeline_name"].replace("{host}", host).replace("{engine}", engine)
+            svg = _timeline.render_svg(
+                samples,
+                kv_alloc_t=launch.get("kv_alloc_t") if isinstance(launch.get("kv_alloc_t"), (int, float)) else None,
+                title="%s / %s - launch %s" % (host, engine, launch.get("started_at", "(no launch record)")),
+                marks=marks,
+                threshold_bytes=settings["cache_fraction"] * total if total else None,
+                threshold_label="page cache %d%% of MemTotal" % round(100 * settings["cache_fraction"]),
+            )
+            timelines.append({"engine": engine, "file": svg_file, "svg": svg})
+        sections.append(_diagnose.render_markdown(host, result, timeline_file=svg_file if engine else None))
+    ranked = sorted((d for d in diagnoses if d["class"] != "none"), key=lambda d: -d["confidence"])
+    return {
+        "class": ranked[0]["class"] if ranked else "none",
+        "diagnoses": diagnoses,
+        "report": "\n---\n\n".join(sections),
+        "timelines": timelines,
+        "sources": sources,
+        "host": host,
+    }
+
+
+def main():
+    run_module()
+
+
+if __name__ == "__main__":
+    main()
