@@ -27,6 +27,28 @@ export ANSIBLE_CONFIG="$root/ansible.cfg"
 export ANSIBLE_COLLECTIONS_PATH="$root/.cache/collections"
 export PYTHONPATH="$root/.cache/collections${PYTHONPATH:+:$PYTHONPATH}"
 export ANSIBLE_FORCE_COLOR=0 PY_COLORS=0 ANSIBLE_NOCOLOR=1
+# The tests that need the lab's vLLM venv or promtool fail (not skip) here:
+# this command installs them itself.
+export UMA_REQUIRE_VLLM=1 UMA_REQUIRE_TOOLS=1
+
+# Kernel knobs are global to the machine (also from inside the containers):
+# whatever a test leaves behind, the machine gets its own values back.
+knobs=(/proc/sys/vm/min_free_kbytes /proc/sys/vm/vfs_cache_pressure /proc/sys/vm/dirty_ratio
+       /proc/sys/vm/dirty_background_ratio /proc/sys/vm/swappiness /sys/block/*/queue/read_ahead_kb)
+declare -A saved=()
+for knob in "${knobs[@]}"; do
+  [ -r "$knob" ] && saved[$knob]=$(cat "$knob")
+done
+restore_knobs() {
+  local knob
+  for knob in "${!saved[@]}"; do
+    if [ "$(cat "$knob" 2>/dev/null)" != "${saved[$knob]}" ]; then
+      echo "[tests] restoring $knob to ${saved[$knob]}" >&2
+      echo "${saved[$knob]}" >"$knob" 2>/dev/null || true
+    fi
+  done
+}
+trap restore_knobs EXIT
 
 stage_setup() { bash tests/setup.sh; }
 
