@@ -37,7 +37,10 @@ run min_free_kbytes=3145728 | grep -q '^localhost | CHANGED' || { echo "uma_sysc
 run min_free_kbytes=3145728 | grep -q '^localhost | SUCCESS' || { echo "uma_sysctl: second run changed" >&2; exit 1; }
 sed -i 's/^vm.dirty_ratio = 5$/vm.dirty_ratio = 7/' "$conf"
 out=$(run min_free_kbytes=3145728)
-grep -q '^localhost | CHANGED' <<<"$out" && grep -q 'edited by hand' <<<"$out" || { echo "uma_sysctl: edit not corrected: $out" >&2; exit 1; }
+if ! grep -q '^localhost | CHANGED' <<<"$out" || ! grep -q 'edited by hand' <<<"$out"; then
+  echo "uma_sysctl: edit not corrected: $out" >&2
+  exit 1
+fi
 rm -f "$conf"
 out=$(run min_free_kbytes=3145728 dirty_background_ratio=9 || true)
 grep -q "option 'dirty_background_ratio' = '9': is not below dirty_ratio" <<<"$out" || { echo "uma_sysctl: bad input message: $out" >&2; exit 1; }
