@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Time-to-healthy and page-cache peak: the real vLLM engine bare vs through vllm-uma-launch.
@@ -40,7 +39,7 @@ def meminfo() -> dict:
     out = {}
     with open("/proc/meminfo", encoding="ascii") as handle:
         for line in handle:
-            key, _, rest = line.partition(":")
+            key, _unused, rest = line.partition(":")
             out[key] = int(rest.split()[0]) * 1024
     return out
 
@@ -102,7 +101,7 @@ def start_container(name: str, image: str, venv: str, models: str) -> str:
         "-v", "%s:/usr/local/lib/uma-vllm:ro" % os.path.join(ROOT, "plugins", "module_utils"),
         image,
     )  # fmt: skip
-    for _ in range(60):
+    for _unused in range(60):
         state = subprocess.run(
             ["docker", "exec", name, "systemctl", "is-system-running"], capture_output=True, text=True, check=False
         ).stdout.strip()
@@ -140,7 +139,7 @@ def one_run(name: str, ip: str, mode: str, model: str, engine_args: list, timeou
         time.sleep(0.25)
     if mode == "launcher" and ttl is not None:
         # the launcher's job ends with its post-load clean-up: include it
-        for _ in range(100):
+        for _unused in range(100):
             out = subprocess.run(
                 ["docker", "exec", name, "sh", "-c", "ls /var/lib/uma-vllm/launches/bench/latest/launch.json"],
                 capture_output=True,
@@ -236,9 +235,9 @@ def main() -> int:
         print("| --- | --- | --- | --- | --- |")
         for mode in ("bare", "launcher"):
             s = summary[mode]
-            print("| %s | %s | %s | %s | %s |" % (mode, s["time_to_healthy_s_median"], s["time_to_healthy_s_min"],
-                                                s["peak_cache_growth_mib_median"],
-                                                s["peak_unmapped_growth_mib_median"]))  # fmt: skip
+            cells = [mode, s["time_to_healthy_s_median"], s["time_to_healthy_s_min"]]
+            cells += [s["peak_cache_growth_mib_median"], s["peak_unmapped_growth_mib_median"]]
+            print("| %s |" % " | ".join(str(c) for c in cells))
         print("launcher / bare time to healthy: %s" % ratio)
     return 0
 

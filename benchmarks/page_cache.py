@@ -100,7 +100,7 @@ def fs_type(path: str) -> str:
     best, best_type = "", "unknown"
     with open("/proc/self/mountinfo", encoding="utf-8") as handle:
         for line in handle:
-            left, _, right = line.partition(" - ")
+            left, _unused, right = line.partition(" - ")
             mount_point = left.split()[4].replace("\\040", " ")
             inside = path == mount_point or path.startswith(mount_point.rstrip("/") + "/")
             if inside and len(mount_point) >= len(best):
@@ -161,7 +161,7 @@ def shard_plan(size_bytes: int, shards: int) -> List[List[int]]:
     """Tensor sizes (bytes) per shard: sizes cycle through TENSOR_MIB_CYCLE, even bytes."""
     per_shard = size_bytes // shards
     plan = []
-    for _ in range(shards):
+    for _unused in range(shards):
         tensors, left, i = [], per_shard, 0
         while left >= 2 * 1024:
             size = min(left, TENSOR_MIB_CYCLE[i % len(TENSOR_MIB_CYCLE)] * MIB)
@@ -213,7 +213,7 @@ def write_bystander(path: str, size_mib: int) -> None:
     if os.path.exists(path) and os.path.getsize(path) == size_mib * MIB:
         return
     with open(path, "wb") as handle:
-        for _ in range(size_mib):
+        for _unused in range(size_mib):
             handle.write(os.urandom(MIB))
     os.sync()
 
@@ -418,7 +418,7 @@ def one_run(
             t1 = time.monotonic()
             sectors1 = sectors_read(opts.disk_stat)
             cpu1 = guard_cpu(guard.proc.pid) if guard else 0.0
-            by_after, _ = uma_guard.file_residency(bystander, residency)
+            by_after, _unused = uma_guard.file_residency(bystander, residency)
             sampled = sampler.stop()
         status = guard.stop() if guard is not None else None
     finally:
@@ -667,7 +667,7 @@ def table(summary: Dict[str, Any]) -> str:
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("--dir", default=DEFAULT_DIR, help="checkpoint directory on a real disk (default %(default)s)")
     p.add_argument("--size-gib", type=float, default=2.0, help="checkpoint size (default %(default)s)")
     p.add_argument("--shards", type=int, default=2, help="shard count (default %(default)s)")

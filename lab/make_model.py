@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
@@ -148,7 +147,7 @@ def write_model(out: str, shards: int, pad_gib: float, seed: int, dtype: str, pa
     layers = LAYERS
     pad_bytes = int(pad_gib * (1 << 30))
     base = llama_tensors(rng, layers)
-    base_bytes = sum(nbytes(a, dtype) for _, a in base)
+    base_bytes = sum(nbytes(a, dtype) for _unused, a in base)
     extra: List[Tuple[str, np.ndarray]] = []
     if pad_bytes > base_bytes:
         if pad_mode == "layers":
@@ -194,7 +193,7 @@ def write_model(out: str, shards: int, pad_gib: float, seed: int, dtype: str, pa
         if name.endswith(".safetensors") or name == "model.safetensors.index.json":
             os.unlink(os.path.join(out, name))
     # Spread tensors over the shards by size, keeping the order.
-    total = sum(nbytes(a, dtype) for _, a in tensors)
+    total = sum(nbytes(a, dtype) for _unused, a in tensors)
     target = -(-total // shards)
     groups: List[List[Tuple[str, np.ndarray]]] = [[]]
     size = 0
@@ -215,7 +214,7 @@ def write_model(out: str, shards: int, pad_gib: float, seed: int, dtype: str, pa
         serialize_file(payload, os.path.join(out, fname), metadata={"format": "pt"})
         os.chmod(os.path.join(out, fname), 0o644)
         files.append(fname)
-        for name, _ in group:
+        for name, _unused in group:
             weight_map[name] = fname
     if shards > 1:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
@@ -238,7 +237,7 @@ def main(argv: List[str]) -> int:
     if args.pad_gib < 0:
         parser.error("--pad-gib must be >= 0")
     result = write_model(args.out, args.shards, args.pad_gib, args.seed, args.dtype, args.pad_mode)
-    print(json.dumps({k: v for k, v in result.items()}, sort_keys=True))
+    print(json.dumps(dict(result), sort_keys=True))
     return 0
 
 

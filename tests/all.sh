@@ -48,7 +48,8 @@ restore_knobs() {
     fi
   done
 }
-trap restore_knobs EXIT
+# UMA_KEEP_KNOBS=1 skips this, for a run beside another one that owns the knobs.
+[ "${UMA_KEEP_KNOBS:-0}" = 1 ] || trap restore_knobs EXIT
 
 stage_setup() { bash tests/setup.sh; }
 

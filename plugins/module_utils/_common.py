@@ -134,7 +134,7 @@ def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:
     result: Dict[str, int] = {}
     with open(os.path.join(proc_root, "meminfo"), encoding="ascii") as handle:
         for line in handle:
-            key, _, rest = line.partition(":")
+            key, _unused, rest = line.partition(":")
             fields = rest.split()
             if not fields:
                 continue

@@ -58,7 +58,7 @@ def parse_nvidia_smi_csv(text: str) -> List[Dict[str, Any]]:
     for line in (text or "").splitlines():
         if not line.strip():
             continue
-        name, _, memory = line.partition(",")
+        name, _unused, memory = line.partition(",")
         memory = memory.strip()
         mib: Optional[int] = None
         match = re.match(r"^(\d+)\s*MiB$", memory)

@@ -47,8 +47,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
@@ -64,6 +62,7 @@ NODE_CONFIG = "/etc/uma-vllm/launch.json"
 EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
+GUARD_READY_TIMEOUT_S = 10.0
 
 DEFAULTS: Dict[str, Any] = {
     "engine": None,
@@ -351,14 +350,6 @@ def drop_caches(proc_root: str, level: int = 1) -> None:
         handle.write("%d\n" % level)
 
 
-def health_ok(url: str, timeout: float = 2.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError, ValueError):
-        return False
-
-
 def _set_pdeathsig() -> None:
     """Child side: die with SIGTERM when the launcher dies (Linux prctl)."""
     try:
@@ -407,6 +398,8 @@ class Launch:
             "steps": self.log.steps,
             "model_path": config.get("model_path"),
         }
+        # the guard's URL check: never through a proxy, any failure means "not yet"
+        self.health = uma_guard.UrlWatch(config["health_url"], every=2.0)
         self.engine: Optional[subprocess.Popen] = None
         self.guard: Optional[subprocess.Popen] = None
         self.readahead_record: Optional[str] = None
@@ -517,8 +510,20 @@ class Launch:
         if mode != "global" and self.config.get("model_path"):
             argv += ["--paths", self.config["model_path"]]
         os.makedirs(self.record_dir, exist_ok=True)
+        started = time.monotonic()
         self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509
-        self.log.step("guard-started", mode=mode, pid=self.guard.pid)
+        # The load must not begin before the guard watches: its first status
+        # file says it has taken its baseline and runs its loop.
+        status_file = os.path.join(self.record_dir, "guard.json")
+        while not os.path.exists(status_file) and self.guard.poll() is None:
+            if time.monotonic() - started > GUARD_READY_TIMEOUT_S:
+                break
+            time.sleep(0.02)
+        ready = os.path.exists(status_file)
+        self.log.step("guard-started", duration=time.monotonic() - started, mode=mode, pid=self.guard.pid, ready=ready)
+        if not ready:
+            self.log.line("the guard did not report within %ss (exit %s); loading without it" % (
+                GUARD_READY_TIMEOUT_S, self.guard.poll()))  # fmt: skip
 
     def stop_guard(self) -> None:
         if self.guard is None:
@@ -561,7 +566,8 @@ class Launch:
         threading.Thread(target=self._pump, name="engine-output", daemon=True).start()
 
     def _pump(self) -> None:
-        assert self.engine is not None and self.engine.stdout is not None
+        if self.engine is None or self.engine.stdout is None:
+            return
         for raw in iter(self.engine.stdout.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             sys.stdout.write(line + "\n")
@@ -570,18 +576,19 @@ class Launch:
             if self.record["kv_alloc_t"] is None and KV_MARKERS.search(line):
                 self.record["kv_alloc_t"] = self.log.elapsed()
                 self.record["kv_alloc_at"] = round(time.time(), 3)
-                self.log.line("kv-cache-allocated t=%.3f (%s)" % (self.record["kv_alloc_t"], line.strip()[-160:]))
+                self.log.line("kv-cache-allocated t=%s (%s)" % (_fmt(self.record["kv_alloc_t"]), line.strip()[-160:]))
 
     def wait_healthy(self) -> Tuple[bool, str]:
         deadline = time.monotonic() + self.config["health_timeout_s"]
         started = time.monotonic()
-        assert self.engine is not None
+        if self.engine is None:
+            return False, "the engine was not started"
         while True:
             if self.stop_signal is not None:
                 return False, "signal %d" % self.stop_signal
             if self.engine.poll() is not None:
                 return False, "engine exited with %d before it was healthy" % self.engine.returncode
-            if health_ok(self.config["health_url"]):
+            if self.health.check():
                 self.log.step("engine-healthy", duration=time.monotonic() - started, url=self.config["health_url"])
                 return True, "healthy"
             if time.monotonic() >= deadline:
@@ -654,8 +661,7 @@ class Launch:
             self.record["healthy_at"] = self.log.elapsed()
             self.load_done()
             self.write_record()
-            assert self.engine is not None
-            while self.engine.poll() is None:
+            while self.engine is not None and self.engine.poll() is None:
                 try:
                     self.engine.wait(1.0)
                 except subprocess.TimeoutExpired:

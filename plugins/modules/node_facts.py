@@ -117,7 +117,7 @@ def main() -> None:
     )
     p = module.params
     smi_out, smi_error = _run(module, p["nvidia_smi"], ["--query-gpu=name,memory.total", "--format=csv,noheader"])
-    cpu_out, _ = _run(module, p["lscpu"], [])
+    cpu_out, _unused = _run(module, p["lscpu"], [])
     facts = classify(
         gather_files(p["sysfs_root"], p["proc_root"]), parse_nvidia_smi_csv(smi_out), parse_lscpu(cpu_out), smi_error
     )

@@ -35,7 +35,7 @@ def _fs_type(path):
     best, best_type = "", "unknown"
     with open("/proc/self/mountinfo", encoding="utf-8") as handle:
         for line in handle:
-            left, _, right = line.partition(" - ")
+            left, _unused, right = line.partition(" - ")
             mount = left.split()[4]
             if (path == mount or path.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best):
                 best, best_type = mount, right.split()[0]
@@ -126,7 +126,7 @@ def _wait_for(predicate, timeout):
 
 
 def test_residency_helper_matches_what_was_read(ckpt):
-    _, paths = ckpt
+    _unused, paths = ckpt
     path = paths[0]
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -205,7 +205,7 @@ def test_adaptive_mode_evicts_what_a_reader_loads_and_stops_on_sigterm(ckpt, tmp
 
 
 def test_adaptive_mode_leaves_other_files_alone(ckpt, tmp_path):
-    directory, _ = ckpt
+    directory, _unused = ckpt
     bystander = tmp_path / "bystander.bin"
     with open(bystander, "wb") as handle:
         handle.write(os.urandom(8 * MIB))
@@ -283,7 +283,7 @@ def test_stops_when_the_url_answers_200(tmp_path):
 
 
 def test_bad_arguments_exit_2(tmp_path):
-    proc, _ = _guard(tmp_path, "--mode", "files")
+    proc, _unused = _guard(tmp_path, "--mode", "files")
     code, err = _finish(proc)
     assert code == 2
     assert "needs --paths" in err
@@ -317,7 +317,7 @@ def _written_paths(strace_log):
 
 @pytest.mark.skipif(not ROOT, reason="global mode writes /proc/sys/vm/drop_caches: root only")
 def test_global_mode_drops_caches_and_changes_no_knob(ckpt, work):
-    _, paths = ckpt
+    _unused, paths = ckpt
     before = _knobs()
     status_file = work / "status.json"
     cmd = [sys.executable, GUARD, "--name", "live", "--status-file", str(status_file)]

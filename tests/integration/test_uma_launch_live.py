@@ -80,7 +80,7 @@ def lock_is_free(env):
 
 def test_healthy_launch_cleans_up_then_waits_for_the_engine(env):
     proc = launch(env)
-    _, lines = read_until(proc, r"lock-released")
+    _unused, lines = read_until(proc, r"lock-released")
     text = "".join(lines)
     order = [
         m.group(1)
@@ -107,9 +107,9 @@ def test_healthy_launch_cleans_up_then_waits_for_the_engine(env):
 
 def test_engine_killed_during_load(env):
     proc = launch(env, engine_args=("--load-s", "20"))
-    match, _ = read_until(proc, r"engine-started .*pid=(\d+)")
+    match, _unused = read_until(proc, r"engine-started .*pid=(\d+)")
     os.kill(int(match.group(1)), signal.SIGKILL)
-    out, _ = proc.communicate(timeout=60)
+    out, _unused = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGKILL
     assert "launch-failed" in out and "guard-stopped" in out and "lock-released" in out
     assert lock_is_free(env)
@@ -121,7 +121,7 @@ def test_engine_killed_during_load(env):
 
 def test_engine_failure_exit_code_propagates(env):
     proc = launch(env, engine_args=("--exit-before-healthy", "3"))
-    out, _ = proc.communicate(timeout=60)
+    out, _unused = proc.communicate(timeout=60)
     assert proc.returncode == 3, out
     assert "engine exited with 3 before it was healthy" in out
     assert lock_is_free(env)
@@ -131,7 +131,7 @@ def test_signal_during_load_stops_engine_and_cleans_up(env):
     proc = launch(env, engine_args=("--load-s", "20"))
     read_until(proc, r"engine-started")
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out, _unused = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGINT
     assert "guard-stopped" in out and "lock-released" in out
     assert lock_is_free(env)
@@ -159,7 +159,7 @@ def test_lock_timeout_exits_tempfail(env):
     assert holder.try_acquire()
     try:
         proc = launch(env, extra=("--lock-timeout", "1"))
-        out, _ = proc.communicate(timeout=30)
+        out, _unused = proc.communicate(timeout=30)
         assert proc.returncode == uma_launch.EXIT_LOCK_TIMEOUT, out
         assert "lock-timeout" in out
     finally:

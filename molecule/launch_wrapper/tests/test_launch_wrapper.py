@@ -65,8 +65,9 @@ def test_three_simultaneous_engines_started_one_after_another(host):
         s = steps(rec)
         windows.append((s["lock-acquired"]["at"], s["lock-released"]["at"], engine))
     windows.sort()
-    for (_, released, first), (acquired, _, second) in zip(windows, windows[1:]):
-        assert released <= acquired, "%s held the lock until %s but %s had it at %s" % (first, released, second, acquired)
+    for earlier, later in zip(windows, windows[1:]):
+        released, acquired = earlier[1], later[0]
+        assert released <= acquired, (earlier, later)
     waits = host.file("/var/lib/uma-vllm/lw-waits.txt").content_string
     assert "waiting for the launch lock /run/uma-vllm/launch.lock held by engine" in waits
     assert len(waits.strip().splitlines()) >= 2  # two engines waited

@@ -13,7 +13,7 @@ def _settings(text):
     result = {}
     for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
-            key, _, value = line.partition("=")
+            key, _unused, value = line.partition("=")
             result[key.strip()] = value.strip()
     return result
 

@@ -237,7 +237,7 @@ def test_adaptive_policy_backoff_is_capped():
     policy = g.AdaptivePolicy(32, 1000, 0)
     low = _view(0, available=1)
     now = 0.0
-    for _ in range(12):
+    for _unused in range(12):
         policy.acted(now, "available", low, low)
         now = policy.not_before
     assert policy.backoff == g.AdaptivePolicy.BACKOFF_MAX_S
@@ -260,9 +260,9 @@ def test_iter_files_walks_dedupes_and_skips(tmp_path):
     (ckpt / "dangling").symlink_to(tmp_path / "missing")
     os.link(ckpt / "a.safetensors", ckpt / "hardlink")
     found = g.iter_files([str(ckpt), str(blobs / "sha"), str(tmp_path / "missing")])
-    sizes = sorted(size for _, size, _, _ in found)
+    sizes = sorted(size for _unused, size, _unused, _unused in found)
     assert sizes == [10, 20, 30]  # empty skipped, blob once, hardlink once
-    assert len({(dev, ino) for _, _, dev, ino in found}) == 3
+    assert len({(dev, ino) for _unused, _unused, dev, ino in found}) == 3
 
 
 def _fake_sysfs(tmp_path, partition):
@@ -289,7 +289,7 @@ def test_block_queue_dir_resolves_partitions_to_the_disk(tmp_path, minor):
 
 
 def test_block_queue_dir_without_a_block_device(tmp_path):
-    sysfs, _ = _fake_sysfs(tmp_path, 0)
+    sysfs, _unused = _fake_sysfs(tmp_path, 0)
     assert g.block_queue_dir(os.makedev(0, 42), str(sysfs)) is None
     assert g.read_ahead_kb(os.makedev(0, 42), str(sysfs)) is None
 
@@ -513,7 +513,7 @@ def test_sweep_looks_only_at_candidates_between_full_scans(tmp_path, monkeypatch
     sw.sweep(100.0, set())  # the first sweep is a full scan
     assert len(seen) == 3
     seen.clear()
-    key_b = next((dev, ino) for path, _, dev, ino in sw.files if path.endswith("b"))
+    key_b = next((dev, ino) for path, _unused, dev, ino in sw.files if path.endswith("b"))
     sw.sweep(100.5, {key_b})
     assert seen == [sw.fds[key_b]]
     seen.clear()
@@ -553,7 +553,7 @@ def test_file_events_on_real_files(tmp_path):
     events.watch(files)
     assert events.watched == 2
     (tmp_path / "b").read_bytes()
-    key_b = next((dev, ino) for path, _, dev, ino in files if path.endswith("b"))
+    key_b = next((dev, ino) for path, _unused, dev, ino in files if path.endswith("b"))
     assert events.drain() == {key_b}
     events.close()
 
@@ -644,7 +644,7 @@ def test_global_mode_writes_the_drop_level_every_tick(tmp_path):
     clock = Clock()
     guard = g.Guard(_config(proc, tmp_path, "--mode", "global", "--drop-level", "3"), clock)
     guard.preflight()
-    for _ in range(3):
+    for _unused in range(3):
         clock.now += 0.1
         assert guard.tick() == 0.1
     assert (proc / "sys" / "vm" / "drop_caches").read_text() == "3\n"

@@ -105,8 +105,8 @@ def test_every_table_case_read_from_disk(run_module, tmp_path, metrics_server, c
 
 def test_check_mode_gives_the_same_answer(run_module, tmp_path):
     case = next(c for c in CASES if c["name"] == "two_node_sysmem_oom_at_kv_alloc")
-    args, _ = lay_out(tmp_path, case)
-    _, normal = run_module(oom_diagnose, args)
+    args, _unused = lay_out(tmp_path, case)
+    _unused, normal = run_module(oom_diagnose, args)
     failed, checked = run_module(oom_diagnose, args, check_mode=True)
     assert not failed and checked["changed"] is False
     assert checked["diagnoses"] == normal["diagnoses"]
@@ -157,7 +157,7 @@ def test_missing_sources_are_reported_not_fatal(run_module, tmp_path):
 
 def test_no_engine_gives_one_node_level_diagnosis_from_the_kernel_log(run_module, tmp_path):
     case = next(c for c in CASES if c["name"] == "uvm_phys_mem_allocate_with_file_pages_in_oom_report")
-    args, _ = lay_out(tmp_path, dict(case, journal=""))
+    args, _unused = lay_out(tmp_path, dict(case, journal=""))
     args.pop("engines", None)
     failed, result = run_module(oom_diagnose, args)
     assert not failed

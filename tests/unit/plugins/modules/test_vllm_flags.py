@@ -55,7 +55,7 @@ def test_plan_from_config(run_module):
 
 def test_check_mode_gives_the_same_plan(run_module):
     args = dict(SPARK, model="m", model_config=config("qwen3-32b"), weights_bytes=65527752704, max_model_len=32768)
-    _, normal = run_module(vllm_flags, args)
+    _unused, normal = run_module(vllm_flags, args)
     failed, checked = run_module(vllm_flags, args, check_mode=True)
     assert not failed and checked["changed"] is False and checked["argv"] == normal["argv"]
 

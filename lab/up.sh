@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The two-node lab: two systemd containers ai1 and ai2 on this machine, shaped like two DGX
+# Sparks (inventories/lab mirrors inventories/spark), each running the REAL vLLM engine (CPU
+# build) as a service through site.yml.
+#
+#   lab/up.sh          build or reuse the lab image, the vLLM venv and the tiny model; start
+#                      ai1/ai2 (kept when already running); run site.yml; print each host's
+#                      planned budget and each engine's /health. Re-running changes nothing.
+#   lab/up.sh --down   playbooks/restore.yml (engines, launcher, sysctls: the shared kernel gets
+#                      its own vm.* values back), then remove the containers.
+#
+# Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
+# Needs tests/setup.sh once (docker, .venv, the collection link).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+cd "$root"
+image="${UMA_LAB_IMAGE:-uma-lab/node:bookworm}"
+cache="$root/.cache/lab"
+nodes=(ai1 ai2)
+export PATH="$root/.venv/bin:$PATH"
+export ANSIBLE_CONFIG="$root/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$root/.cache/collections"
+log() { printf '[lab] %s\n' "$*" >&2; }
+
+if [ ! -x "$root/.venv/bin/ansible-playbook" ] || ! docker info >/dev/null 2>&1; then
+  echo "up.sh: run 'bash tests/setup.sh' first (docker engine, .venv, collection link)" >&2
+  exit 1
+fi
+
+running() { [ "$(docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null || true)" = true ]; }
+
+down() {
+  local up=()
+  for node in "${nodes[@]}"; do running "$node" && up+=("$node"); done
+  if [ "${#up[@]}" -gt 0 ]; then
+    log "restoring ${up[*]} (playbooks/restore.yml)"
+    ansible-playbook -i inventories/lab playbooks/restore.yml --limit "$(IFS=,; echo "${up[*]}")"
+  fi
+  for node in "${nodes[@]}"; do docker rm -f "$node" >/dev/null 2>&1 || true; done
+  log "lab removed"
+}
+
+start_node() {
+  local node=$1
+  if running "$node"; then
+    log "$node is running"
+    return
+  fi
+  docker rm -f "$node" >/dev/null 2>&1 || true
+  # ai1 owns the shared kernel's live vm.* values (/proc/sys writable); ai2 only persists its
+  # file (/proc/sys read-only), as in molecule/cluster.
+  local cmd=()
+  [ "$node" = ai1 ] || cmd=(/bin/sh -c 'mount -o remount,rw /sys && exec /lib/systemd/systemd')
+  docker run -d --name "$node" --hostname "$node" \
+    --cap-add SYS_ADMIN --security-opt apparmor=unconfined --cgroupns host \
+    -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \
+    --shm-size 1g --stop-signal SIGRTMIN+3 \
+    -v "$cache/vllm-venv:/opt/vllm:ro" -v "$cache/models:/models:ro" \
+    "$image" "${cmd[@]}" >/dev/null
+  log "$node started"
+}
+
+summary() {
+  for node in "${nodes[@]}"; do
+    printf '\n===== %s =====\n' "$node"
+    docker exec -i "$node" python3 - <<'PY'
+import glob, json, subprocess, urllib.request
+for path in sorted(glob.glob("/etc/uma-vllm/engines/*.json")):
+    config = json.load(open(path))
+    name = config["engine"]
+    unit = "uma-vllm@%s.service" % name
+    active = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True).stdout.strip()
+    try:
+        with urllib.request.urlopen(config["health_url"], timeout=5) as response:
+            health = "%d" % response.status
+    except Exception as exc:  # noqa: BLE001
+        health = "no answer (%s)" % type(exc).__name__
+    print("--- engine %s: %s, GET %s -> %s" % (name, active, config["health_url"], health if active == "active" else "-"))
+    print((config.get("plan") or {}).get("table") or "(no plan)")
+PY
+  done
+}
+
+case "${1:-}" in
+  --down) down; exit 0 ;;
+  --help|-h) sed -n '2,15p' "$0"; exit 0 ;;
+esac
+
+SECONDS=0
+bash lab/build-image.sh --vllm
+if [ ! -f "$cache/models/tiny-1g/config.json" ]; then
+  log "writing the tiny Llama model (.cache/lab/models/tiny-1g, 4 shards, 1 GiB)"
+  python lab/make_model.py --out "$cache/models/tiny-1g" --shards 4 --pad-gib 1
+fi
+for node in "${nodes[@]}"; do start_node "$node"; done
+for node in "${nodes[@]}"; do
+  docker exec "$node" systemctl is-system-running --wait >/dev/null || true
+done
+log "site.yml on ${nodes[*]} (the first run waits 2-4 min for the engines)"
+start=$SECONDS
+ansible-playbook -i inventories/lab site.yml "$@"
+log "site.yml took $((SECONDS - start)) s"
+summary
+log "lab up in ${SECONDS} s; the API: docker exec ai1 curl -s -H 'Authorization: Bearer uma-lab-key-not-secret' http://127.0.0.1:8000/v1/models"
