@@ -75,7 +75,10 @@ for path in sorted(glob.glob("/etc/uma-vllm/engines/*.json")):
             health = "%d" % response.status
     except Exception as exc:  # noqa: BLE001
         health = "no answer (%s)" % type(exc).__name__
-    print("--- engine %s: %s, GET %s -> %s" % (name, active, config["health_url"], health if active == "active" else "-"))
+    if active != "active":
+        print("--- engine %s: %s (installed, not started)" % (name, active))
+        continue
+    print("--- engine %s: %s, GET %s -> %s" % (name, active, config["health_url"], health))
     print((config.get("plan") or {}).get("table") or "(no plan)")
 PY
   done

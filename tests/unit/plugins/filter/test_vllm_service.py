@@ -1,0 +1,513 @@
+"""The filters behind roles/vllm_service: engine selection, checks, command lines, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
+
+MODEL = "/models/tiny"
+NATIVE = {
+    "runtime": "native",
+    "native_command": ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"],
+    "native_model_flag": "--model",
+    "api_host": "0.0.0.0",
+    "ray_command": ["ray"],
+    "node_addr": "10.0.0.2",
+    "ifnames": {"nccl": "enp1s0f1np1", "gloo": "enp1s0f1np1", "ucx": "enp1s0f1np1"},
+}
+DOCKER = dict(
+    NATIVE,
+    runtime="container",
+    container_engine="docker",
+    container_bin="/usr/bin/docker",
+    image="nvcr.io/nvidia/vllm:26.02-py3",
+    container_command=None,
+    container_gpus="all",
+    container_options=["--ulimit", "memlock=-1"],
+    hf_cache="/root/.cache/huggingface",
+)
+HOSTS = ["ai1", "ai2", "ai3"]
+ADDRS = {"ai1": "10.0.0.1"}
+
+
+def engine(**kw):
+    base = {"name": "e", "port": 8000, "model_path": MODEL}
+    base.update(kw)
+    return base
+
+
+def plan(argv_tail=(), budget=None, env=None):
+    return {"argv": ["vllm", "serve", MODEL, *argv_tail], "env": env or {}, "budget": budget or {"kv_cache_bytes": 1}}
+
+
+def one(hostname, **kw):
+    (e,) = vs.host_engines([engine(**kw)], hostname, "mp")
+    return e
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_host_engines_selects_by_nodes_and_numbers_ranks():
+    engines = [
+        engine(name="solo"),
+        engine(name="tp", nodes=["ai1", "ai2"], port=8100),
+        engine(name="far", nodes=["ai2", "ai3"]),
+    ]
+    on_ai1 = vs.host_engines(engines, "ai1", "mp")
+    on_ai2 = vs.host_engines(engines, "ai2", "ray")
+    assert [e["name"] for e in on_ai1] == ["solo", "tp"]
+    assert [e["name"] for e in on_ai2] == ["solo", "tp", "far"]
+    assert on_ai1[0]["cluster"] is None and on_ai1[0]["api_rank"] is True
+    assert on_ai1[1]["cluster"] == {
+        "nodes": ["ai1", "ai2"],
+        "nnodes": 2,
+        "rank": 0,
+        "head": "ai1",
+        "backend": "mp",
+        "master_port": 29501,
+        "ray_port": 6379,
+    }
+    assert on_ai2[1]["cluster"]["rank"] == 1 and on_ai2[1]["api_rank"] is False
+    assert on_ai2[1]["cluster"]["backend"] == "ray"  # the role's default backend
+    assert on_ai2[2]["cluster"]["head"] == "ai2" and on_ai2[2]["api_rank"] is True
+
+
+def test_host_engines_keeps_only_secret_names():
+    e = one("ai1", secrets={"HF_TOKEN": "hf_SECRET", "VLLM_API_KEY": "", "X": None}, port="8000")
+    assert "secrets" not in e
+    assert e["secret_names"] == ["HF_TOKEN"] and sorted(e["secret_keys"]) == ["HF_TOKEN", "VLLM_API_KEY", "X"]
+    assert "hf_SECRET" not in json.dumps(e)
+    assert e["port"] == 8000 and e["state"] == "started"
+
+
+def test_secrets_filter_returns_this_hosts_non_empty_values():
+    engines = [
+        engine(name="m", nodes=["ai3", "ai2"], secrets={"HF_TOKEN": "other"}),
+        engine(name="m", nodes=["ai1", "ai2"], secrets={"HF_TOKEN": "mine", "EMPTY": ""}),
+    ]
+    assert vs.secrets(engines, "m", "ai1") == {"HF_TOKEN": "mine"}
+    assert vs.secrets(engines, "m", "ai3") == {"HF_TOKEN": "other"}
+    assert vs.secrets(engines, "nope", "ai1") == {}
+
+
+def test_host_engines_refuses_a_non_list():
+    with pytest.raises(Exception, match="is not a list"):
+        vs.host_engines({"name": "x"}, "ai1")
+
+
+# --------------------------------------------------------------------------- checks
+
+CHECKS = [
+    ("good single", [engine()], NATIVE, None),
+    ("good multi", [engine(nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})], NATIVE, None),
+    ("bad name", [engine(name="../x")], NATIVE, "is not a valid engine name"),
+    ("twice", [engine(), engine(port=8001)], NATIVE, "is defined twice"),
+    ("same port", [engine(name="a"), engine(name="b")], NATIVE, "is already the port of engine a"),
+    ("port range", [engine(port=70000)], NATIVE, "is not a TCP port"),
+    ("relative model", [engine(model_path="models/x")], NATIVE, "is not an absolute path"),
+    ("env name", [engine(env={"BAD-NAME": "1"})], NATIVE, "is not an environment variable name"),
+    ("secret name", [engine(secrets={"1X": "v"})], NATIVE, "is not an environment variable name"),
+    ("overlap", [engine(env={"HF_TOKEN": "a"}, secrets={"HF_TOKEN": "b"})], NATIVE, "are also in env"),
+    ("no image", [engine()], dict(DOCKER, image=""), "is empty while the runtime is container"),
+    ("bad command", [engine(command="vllm serve")], NATIVE, "is not a list of words"),
+    ("one node", [engine(nodes=["ai1"])], NATIVE, "must list at least two hosts"),
+    (
+        "unknown node",
+        [engine(nodes=["ai1", "nowhere"], plan={"tensor_parallel_size": 2})],
+        NATIVE,
+        "are not hosts of this inventory",
+    ),
+    ("dup node", [engine(nodes=["ai1", "ai1"], plan={"tensor_parallel_size": 2})], NATIVE, "lists a host twice"),
+    ("tp 1 over 2", [engine(nodes=["ai1", "ai2"])], NATIVE, "does not spread over 2 nodes"),
+    ("tp 3 over 2", [engine(nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 3})], NATIVE, "does not spread"),
+    (
+        "backend in plan",
+        [engine(nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})],
+        NATIVE,
+        "is set by the role for multi-node engines",
+    ),
+    ("absent skips", [engine(name="a"), engine(name="b", state="absent", port=0)], NATIVE, None),
+]
+
+
+@pytest.mark.parametrize(("case", "engines", "settings", "expect"), CHECKS, ids=[c[0] for c in CHECKS])
+def test_check(case, engines, settings, expect):
+    normalized = []
+    for e in engines:
+        normalized += vs.host_engines([e], "ai1", "mp") if "ai1" in (e.get("nodes") or ["ai1"]) else []
+    errors = vs.check(normalized, settings, HOSTS, ADDRS)
+    if expect is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and expect in errors[0], errors
+        assert " Fix: " in errors[0]  # every refusal says how to fix it
+
+
+def test_check_needs_the_head_address():
+    (e,) = vs.host_engines([engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2})], "ai1", "mp")
+    (err,) = vs.check([e], NATIVE, HOSTS, {"ai2": None})
+    assert "uma_cluster_addr" in err and "host_vars/ai2.yml" in err
+
+
+# --------------------------------------------------------------------------- command lines
+
+
+def test_planned_args_and_its_refusal():
+    assert vs.planned_args(["vllm", "serve", "m", "--a", "1"]) == ["--a", "1"]
+    with pytest.raises(Exception, match="not \\[vllm, serve"):
+        vs.planned_args(["python", "-m", "x"])
+
+
+def test_ray_args_drop_every_mp_multinode_flag():
+    args = [
+        "--tensor-parallel-size",
+        "2",
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank=1",
+        "--master-addr",
+        "10.0.0.1",
+        "--master-port",
+        "29501",
+        "--headless",
+        "--enforce-eager",
+    ]
+    assert vs.ray_args(args) == [
+        "--tensor-parallel-size",
+        "2",
+        "--enforce-eager",
+        "--distributed-executor-backend",
+        "ray",
+    ]
+
+
+def test_native_single_node():
+    config = vs.launch_config(
+        one("ai1", env={"A": "1"}, secrets={"K": "s3cret"}), plan(["--x", "1"], env={"A": "1"}), NATIVE, {}
+    )
+    assert config["command"] == NATIVE["native_command"] and config["model_flag"] == "--model"
+    assert config["args"] == ["--x", "1"] and config["env"] == {"A": "1"}
+    assert config["health_url"] == "http://127.0.0.1:8000/health" and config["host"] == "0.0.0.0"
+    assert "s3cret" not in json.dumps(config)
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("10.1.1.1", "http://10.1.1.1:8000/health"),
+        ("::", "http://127.0.0.1:8000/health"),
+        ("fd00::1", "http://[fd00::1]:8000/health"),
+    ],
+)
+def test_health_url_follows_the_api_host(host, url):
+    assert vs.launch_config(one("ai1", host=host), plan(), NATIVE, {})["health_url"] == url
+
+
+def test_docker_command_passes_secrets_by_name_only():
+    e = one("ai1", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, secrets={"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k"})
+    config = vs.launch_config(e, plan(["--x"], env=e["env"]), DOCKER, {})
+    assert config["command"] == [
+        "/usr/bin/docker",
+        "run",
+        "--rm",
+        "--name",
+        "uma-vllm-e",
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--gpus",
+        "all",
+        "-v",
+        "/models/tiny:/models/tiny:ro",
+        "-v",
+        "/root/.cache/huggingface:/root/.cache/huggingface",
+        "-e",
+        "HF_TOKEN",
+        "-e",
+        "VLLM_API_KEY",
+        "-e",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "--ulimit",
+        "memlock=-1",
+        "nvcr.io/nvidia/vllm:26.02-py3",
+        "vllm",
+        "serve",
+    ]
+    assert config["model_flag"] == "" and config["args"] == ["--x"]
+    assert "hf_x" not in json.dumps(config)
+
+
+def test_container_engine_command_may_take_the_model_by_flag():
+    e = one("ai1", command=["python3", "-m", "vllm.entrypoints.openai.api_server"], model_flag="--model")
+    config = vs.launch_config(e, plan(), DOCKER, {})
+    assert config["model_flag"] == "--model" and config["command"][-3:] == e["command"]
+    assert vs.launch_config(one("ai1"), plan(), DOCKER, {})["model_flag"] == ""
+
+
+@pytest.mark.parametrize(
+    ("settings", "engine_kw", "gpu", "tail"),
+    [
+        (dict(DOCKER, image="vllm/vllm-openai:v0.32.0"), {}, ["--gpus", "all"], []),
+        (
+            dict(DOCKER, container_engine="podman", container_bin="/usr/bin/podman"),
+            {},
+            ["--device", "nvidia.com/gpu=all"],
+            ["vllm", "serve"],
+        ),
+        (dict(DOCKER, container_gpus=""), {}, [], ["vllm", "serve"]),
+        (dict(DOCKER, container_command=["serve"]), {}, ["--gpus", "all"], ["serve"]),
+        (
+            DOCKER,
+            {"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"]},
+            ["--gpus", "all"],
+            ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        ),
+    ],
+)
+def test_container_variants(settings, engine_kw, gpu, tail):
+    command = vs.launch_config(one("ai1", **engine_kw), plan(), settings, {})["command"]
+    image = settings["image"]
+    assert command[0] == settings["container_bin"]
+    assert command[command.index(image) + 1 :] == tail
+    if gpu:
+        assert command[command.index(gpu[0]) : command.index(gpu[0]) + 2] == gpu
+    else:
+        assert "--gpus" not in command and "--device" not in command
+
+
+MP_TAIL = [
+    "--tensor-parallel-size",
+    "2",
+    "--distributed-executor-backend",
+    "mp",
+    "--nnodes",
+    "2",
+    "--node-rank",
+    "1",
+    "--master-addr",
+    "10.0.0.1",
+    "--master-port",
+    "29501",
+    "--headless",
+]
+
+
+def test_mp_worker_keeps_planned_flags_and_waits_for_rank0():
+    e = one("ai2", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})
+    config = vs.launch_config(e, plan(MP_TAIL), DOCKER, ADDRS)
+    assert config["args"] == MP_TAIL
+    assert config["health_url"] == "http://10.0.0.1:8000/health"
+    assert config["env"] == {
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "TP_SOCKET_IFNAME": "enp1s0f1np1",
+        "UCX_NET_DEVICES": "enp1s0f1np1",
+        "OMPI_MCA_btl_tcp_if_include": "enp1s0f1np1",
+        "VLLM_HOST_IP": "10.0.0.2",
+        "MASTER_ADDR": "10.0.0.1",
+    }
+    for name in config["env"]:
+        assert config["command"][config["command"].index(name) - 1] == "-e"
+
+
+def _fake_ray(tmp_path):
+    log = tmp_path / "ray.json"
+    ray = tmp_path / "ray"
+    ray.write_text(
+        "#!%s\nimport json, sys\nopen(%r, 'w').write(json.dumps(sys.argv[1:]))\n" % (sys.executable, str(log))
+    )
+    ray.chmod(ray.stat().st_mode | stat.S_IEXEC)
+    dump = tmp_path / "engine.py"
+    dump.write_text("import json, sys\nopen(%r, 'w').write(json.dumps(sys.argv[1:]))\n" % str(tmp_path / "engine.json"))
+    return ray, log, dump
+
+
+def _compose(config):
+    # as roles/launch_wrapper/tasks/engine.yml: command + model + --host/--port + args
+    model = [config["model_path"]] if config["model_flag"] == "" else [config["model_flag"], config["model_path"]]
+    return [*config["command"], *model, "--host", config["host"], "--port", str(config["port"]), *config["args"]]
+
+
+def test_ray_head_script_starts_ray_then_execs_the_engine_with_every_word_intact(tmp_path):
+    ray, log, dump = _fake_ray(tmp_path)
+    settings = dict(
+        NATIVE, ray_command=[str(ray)], native_command=[sys.executable, str(dump)], native_model_flag="--model"
+    )
+    e = one("ai1", nodes=["ai1", "ai2"], backend="ray", plan={"tensor_parallel_size": 2})
+    tricky = ["--override-generation-config", '{"temperature": 0.5, "note": "it\'s $HOME"}']
+    config = vs.launch_config(e, plan([*MP_TAIL[:-3], *tricky]), settings, ADDRS)
+    assert config["command"][:2] == ["/bin/sh", "-c"]
+    run = subprocess.run(
+        _compose(config), check=False, capture_output=True, text=True, timeout=60, env=dict(os.environ)
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(log.read_text()) == ["start", "--head", "--port=6379", "--node-ip-address=10.0.0.2"]
+    assert json.loads((tmp_path / "engine.json").read_text()) == [
+        "--model",
+        MODEL,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--tensor-parallel-size",
+        "2",
+        *tricky,
+        "--distributed-executor-backend",
+        "ray",
+    ]
+    assert config["env"]["RAY_memory_monitor_refresh_ms"] == "0"
+
+
+def test_ray_worker_only_joins_the_cluster(tmp_path):
+    ray, log, _dump = _fake_ray(tmp_path)
+    settings = dict(NATIVE, ray_command=[str(ray)])
+    e = one("ai2", nodes=["ai1", "ai2"], backend="ray", plan={"tensor_parallel_size": 2})
+    config = vs.launch_config(e, plan(MP_TAIL), settings, ADDRS)
+    assert config["args"] == [] and config["health_url"] == "http://10.0.0.1:8000/health"
+    run = subprocess.run(_compose(config), check=False, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(log.read_text()) == ["start", "--block", "--address=10.0.0.1:6379", "--node-ip-address=10.0.0.2"]
+
+
+def test_ray_in_a_container_uses_the_recipes_entrypoint():
+    e = one("ai1", nodes=["ai1", "ai2"], backend="ray", plan={"tensor_parallel_size": 2})
+    command = vs.launch_config(e, plan(MP_TAIL[:-3]), DOCKER, ADDRS)["command"]
+    image = DOCKER["image"]
+    assert command[command.index(image) - 2 : command.index(image)] == ["--entrypoint", "/bin/sh"]
+    assert command[command.index(image) + 1] == "-c" and command[-2:] == ["vllm", "serve"]
+
+
+# --------------------------------------------------------------------------- systemd side
+
+
+def test_drop_in_for_each_runtime():
+    assert vs.drop_in(one("ai1"), NATIVE) == {
+        "role": "single node",
+        "runtime": "native",
+        "after": [],
+        "requires": [],
+        "cleanup": None,
+    }
+    d = vs.drop_in(one("ai2", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2}), DOCKER)
+    assert d["role"] == "rank 1 of 2, mp, headless" and d["after"] == d["requires"] == ["docker.service"]
+    assert d["cleanup"] == "/usr/bin/docker rm -f uma-vllm-e" and d["image"] == DOCKER["image"]
+    podman = vs.drop_in(one("ai1"), dict(DOCKER, container_engine="podman", container_bin="/usr/bin/podman"))
+    assert podman["after"] == [] and podman["cleanup"] == "/usr/bin/podman rm -f uma-vllm-e"
+
+
+def test_images_each_once_for_container_engines_only():
+    engines = [
+        one("ai1", name="a"),
+        one("ai1", name="b", runtime="native"),
+        one("ai1", name="c", image="x:1"),
+        one("ai1", name="d"),
+    ]
+    assert vs.images(engines, DOCKER) == [DOCKER["image"], "x:1"]
+    assert vs.images(engines, NATIVE) == []
+
+
+def _results(*rows):
+    return {"results": [{"item": {"name": n}, "changed": c, "checksum": s} for n, c, s in rows]}
+
+
+def _found(**checksums):
+    return {"files": [{"path": "/etc/uma-vllm/engines/%s.json" % n, "checksum": c} for n, c in checksums.items()]}
+
+
+def test_config_state_and_changed():
+    engines = [one("ai1", name="a"), one("ai1", name="b", port=1), one("ai1", name="s", port=2, state="stopped")]
+    unit = {"changed": False, "checksum": "u"}
+    drops = _results(("a", False, "da"), ("b", False, "db"), ("s", False, "ds"))
+    envs = _results(("a", False, "ea"), ("b", True, "eb"), ("s", True, "es"))
+    state = vs.config_state(engines, unit, drops, envs, _found(a="j1", b="j2", s="j3"), _found(a="j1x", b="j2", s="j3"))
+    assert state["written"] == ["a", "b", "s"] and state["unit_changed"] is False
+    assert state["fingerprints"]["a"] == "u/da/ea/j1x"
+    stamps = dict(state["fingerprints"])
+    assert vs.changed(engines, state["written"], False, state["fingerprints"], stamps) == [
+        "a",
+        "b",
+    ]  # never stopped ones
+    assert vs.changed(engines, [], False, state["fingerprints"], stamps) == []
+    assert vs.changed(engines, [], True, state["fingerprints"], stamps) == ["a", "b"]  # the shared unit
+    assert vs.changed(engines, [], False, state["fingerprints"], dict(stamps, b="old")) == [
+        "b"
+    ]  # failed run / 1st start
+
+
+def test_with_peers_restarts_every_rank():
+    mine = [
+        one("ai2", name="tp", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2}),
+        one("ai2", name="solo", port=1),
+    ]
+    assert vs.with_peers(mine, [], {"ai1": ["tp"], "ai2": []}) == ["tp"]
+    assert vs.with_peers(mine, ["solo"], {"ai1": []}) == ["solo"]
+    assert vs.peers_changed(mine, {"ai1": {"__vllm_service_local_changed": ["tp"]}, "ai2": {}}) == {
+        "ai1": ["tp"],
+        "ai2": [],
+    }
+
+
+def test_head_addrs_prefer_what_the_head_found():
+    mine = [one("ai2", name="tp", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})]
+    assert vs.head_addrs(
+        mine, {"ai1": {"__vllm_service_node": {"addr": "1.1.1.1"}, "uma_cluster_addr": "2.2.2.2"}}
+    ) == {"ai1": "1.1.1.1"}
+    assert vs.head_addrs(mine, {"ai1": {"uma_cluster_addr": "2.2.2.2"}}) == {"ai1": "2.2.2.2"}
+    assert vs.head_addrs(mine, {}) == {"ai1": None}
+
+
+def _budget(name, state, total_gib, free_gib, reserve_gib=4):
+    g = 1 << 30
+    return {
+        "item": {"name": name, "state": state},
+        "budget": {
+            "total_memory_bytes": int(total_gib * g),
+            "free_after_plan_bytes": int(free_gib * g),
+            "reserve_bytes": int(reserve_gib * g),
+        },
+    }
+
+
+def test_node_fit_sums_the_started_engines():
+    fits = [_budget("a", "started", 20, 14), _budget("b", "started", 20, 14), _budget("c", "stopped", 20, 1)]
+    assert vs.node_fit(fits, "ai1") == []
+    (msg,) = vs.node_fit([_budget("a", "started", 20, 12), _budget("b", "started", 20, 11)], "ai1")
+    assert "need 21.00 GiB together (a 8.00 GiB, b 9.00 GiB, plus the 4.00 GiB reserve)" in msg and "20.00 GiB" in msg
+    assert vs.node_fit([_budget("a", "started", 20, 1)], "ai1") == []  # one engine: the planner already checked
+
+
+def test_unit_states():
+    out = (
+        "Id=uma-vllm@a.service\nActiveState=active\nUnitFileState=enabled\n\n"
+        "Id=uma-vllm@b.service\nActiveState=inactive\nUnitFileState=disabled\n"
+    )
+    states = vs.unit_states(out, ["a", "b", "c"])
+    assert states["a"]["ActiveState"] == "active" and states["b"]["UnitFileState"] == "disabled"
+    assert states["c"] == {"ActiveState": "inactive", "UnitFileState": ""}
+
+
+def test_status_entry():
+    e = one("ai1", name="a")
+    config = vs.launch_config(e, plan(), NATIVE, {})
+    entry = vs.status_entry(config, [e], ["a"], [{"item": {"name": "a"}, "rc": 0}])
+    assert entry == {
+        "unit": "uma-vllm@a.service",
+        "state": "started",
+        "role": "single node",
+        "health_url": "http://127.0.0.1:8000/health",
+        "healthy": True,
+        "restarted": True,
+        "port": 8000,
+    }
+    assert vs.status_entry(config, [e], [], [{"item": {"name": "a"}, "skipped": True}])["healthy"] is None
