@@ -315,13 +315,24 @@ def _written_paths(strace_log):
     return written
 
 
+def _drop_writes(strace_log):
+    """How many times a traced process opened /proc/sys/vm/drop_caches for writing."""
+    with open(strace_log, encoding="utf-8", errors="replace") as handle:
+        return sum(
+            1 for line in handle
+            if '"/proc/sys/vm/drop_caches"' in line and "O_WRONLY" in line and "= -1" not in line
+        )
+
+
 @pytest.mark.skipif(not ROOT, reason="global mode writes /proc/sys/vm/drop_caches: root only")
 def test_global_mode_drops_caches_and_changes_no_knob(ckpt, work):
     _unused, paths = ckpt
     before = _knobs()
     status_file = work / "status.json"
     cmd = [sys.executable, GUARD, "--name", "live", "--status-file", str(status_file)]
-    cmd += ["--mode", "global", "--interval", "0.2", "--max-duration", "1"]
+    # a drop of every clean page can take most of a second on a busy machine with a big
+    # cache (it did on CI): give the loop time for several ticks, and count the writes
+    cmd += ["--mode", "global", "--interval", "0.2", "--max-duration", "4"]
     strace = shutil.which("strace")
     log = work / "strace.log"
     if strace:  # the exact list of what the guard wrote, immune to other jobs changing knobs meanwhile
@@ -331,9 +342,10 @@ def test_global_mode_drops_caches_and_changes_no_knob(ckpt, work):
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     status = _status(status_file)
     assert status["stop_reason"] == "max_duration"
-    assert status["evictions"] >= 3
+    assert status["evictions"] >= 2, status  # it loops: more than the one drop at start
     assert all(_resident(p) < 0.05 for p in paths)
     if strace:
+        assert _drop_writes(log) == status["evictions"], status  # what it reports is what it did
         written = _written_paths(log)
         assert "/proc/sys/vm/drop_caches" in written
         others = {p for p in written if p != "/proc/sys/vm/drop_caches" and not p.startswith(str(work) + "/")}
