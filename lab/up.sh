@@ -10,7 +10,8 @@
 #                      its own vm.* values back), then remove the containers.
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
-# Needs tests/setup.sh once (docker, .venv, the collection link).
+# On a fresh machine it first runs tests/setup.sh (apt, docker engine, .venv, the collection
+# link, the lab image, the vLLM venv); that step is a no-op once done.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -22,8 +23,13 @@ export PATH="$root/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$root/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$root/.cache/collections"
 log() { printf '[lab] %s\n' "$*" >&2; }
 
+case "${1:-}" in
+  --help|-h) sed -n '2,16p' "$0"; exit 0 ;;
+  --down) ;;
+  *) bash tests/setup.sh ;;
+esac
 if [ ! -x "$root/.venv/bin/ansible-playbook" ] || ! docker info >/dev/null 2>&1; then
-  echo "up.sh: run 'bash tests/setup.sh' first (docker engine, .venv, collection link)" >&2
+  echo "up.sh: no .venv or no docker engine: run 'bash tests/setup.sh' and see its errors" >&2
   exit 1
 fi
 
@@ -84,13 +90,12 @@ PY
   done
 }
 
-case "${1:-}" in
-  --down) down; exit 0 ;;
-  --help|-h) sed -n '2,15p' "$0"; exit 0 ;;
-esac
+if [ "${1:-}" = --down ]; then
+  down
+  exit 0
+fi
 
 SECONDS=0
-bash lab/build-image.sh --vllm
 if [ ! -f "$cache/models/tiny-1g/config.json" ]; then
   log "writing the tiny Llama model (.cache/lab/models/tiny-1g, 4 shards, 1 GiB)"
   python lab/make_model.py --out "$cache/models/tiny-1g" --shards 4 --pad-gib 1

@@ -12,7 +12,7 @@ Nothing here imports Ansible.
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
@@ -65,6 +65,11 @@ class Systemd:
         self.runner = runner
         self.systemctl = systemctl
         self.systemd_run = systemd_run
+
+    @classmethod
+    def for_module(cls, module: Any) -> Systemd:
+        """The node's systemd as an AnsibleModule sees it (``run_command``, binaries from PATH)."""
+        return cls(module.run_command, module.get_bin_path("systemctl"), module.get_bin_path("systemd-run"))
 
     # -- queries -----------------------------------------------------------
     def require(self, option: str, value: object) -> None:

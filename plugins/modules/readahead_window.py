@@ -669,10 +669,7 @@ def main() -> None:
         supports_check_mode=True,
     )
 
-    def runner(argv: List[str]):
-        return module.run_command(argv)
-
-    systemd = Systemd(runner, module.get_bin_path("systemctl"), module.get_bin_path("systemd-run"))
+    systemd = Systemd.for_module(module)
     request = WindowRequest(**module.params)
     try:
         p = plan(request, systemd)

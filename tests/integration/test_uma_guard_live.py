@@ -319,8 +319,7 @@ def _drop_writes(strace_log):
     """How many times a traced process opened /proc/sys/vm/drop_caches for writing."""
     with open(strace_log, encoding="utf-8", errors="replace") as handle:
         return sum(
-            1 for line in handle
-            if '"/proc/sys/vm/drop_caches"' in line and "O_WRONLY" in line and "= -1" not in line
+            1 for line in handle if '"/proc/sys/vm/drop_caches"' in line and "O_WRONLY" in line and "= -1" not in line
         )
 
 

@@ -195,7 +195,7 @@ def test_other_config_restarts(run_module, node):
     assert result["pid"] == 4001 and len(node.systemd.units) == 1
     verbs = [c[1] if c[0].endswith("systemctl") else "run" for c in node.systemd.actions()]
     assert verbs[-3:] == ["stop", "reset-failed", "run"]
-    assert result["diff"]["before"]["config"]["threshold_mib"] == 32
+    assert result["diff"]["before"]["config"]["threshold_mib"] == 16
     assert result["diff"]["after"]["config"]["threshold_mib"] == 64
     assert result["fingerprint"] != first["fingerprint"]
 
