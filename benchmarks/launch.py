@@ -148,6 +148,22 @@ def one_run(name: str, ip: str, mode: str, model: str, engine_args: list, timeou
             if out.returncode == 0:
                 break
             time.sleep(0.1)
+    steps = None
+    if mode == "launcher":
+        # where the launcher's own time went (its record: each step's t from its start, and duration)
+        record = subprocess.run(
+            ["docker", "exec", name, "cat", "/var/lib/uma-vllm/launches/bench/latest/launch.json"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+        try:
+            steps = [
+                {k: v for k, v in step.items() if k in ("name", "t", "duration_s")}
+                for step in json.loads(record).get("steps", [])
+            ]
+        except ValueError:
+            steps = None
     time.sleep(2)  # the cache after the load settles (post-evict shows here)
     sampler.stop.set()
     sampler.join()
@@ -163,6 +179,7 @@ def one_run(name: str, ip: str, mode: str, model: str, engine_args: list, timeou
         "time_to_healthy_s": round(ttl, 2) if ttl is not None else None,
         "peak_cache_growth_mib": round(sampler.peak_cached / MIB, 1),
         "peak_unmapped_growth_mib": round(sampler.peak_unmapped / MIB, 1),
+        "launcher_steps": steps,
     }
 
 
@@ -195,6 +212,11 @@ def main() -> int:
                     print("run %d %-8s healthy after %ss, cache peak +%s MiB (unmapped +%s MiB)" % (
                         rep, mode, run["time_to_healthy_s"], run["peak_cache_growth_mib"],
                         run["peak_unmapped_growth_mib"]), file=sys.stderr, flush=True)  # fmt: skip
+                    if run["launcher_steps"]:
+                        print("    launcher steps: " + ", ".join(
+                            "%s t=%s%s" % (st["name"], st.get("t"),
+                                           " (%ss)" % st["duration_s"] if "duration_s" in st else "")
+                            for st in run["launcher_steps"]), file=sys.stderr, flush=True)  # fmt: skip
     finally:
         docker("rm", "-f", name, check=False)
     summary = {}

@@ -15,8 +15,10 @@ In order, each step logged with its timing:
    waiting engine says for whom it waits). The lock is an ``flock`` on a file:
    the kernel frees it when the holder exits or dies, so it never leaks; the
    holder frees it as soon as its engine is healthy or has failed;
-2. ``sync``, then evict the model's files from the page cache once (or drop
-   the whole cache, ``pre_evict: drop``, the published behaviour);
+2. evict the model's files from the page cache once (``pre_evict: files``;
+   no ``sync``: the shards are read, not written, and a node-wide sync can
+   block for seconds behind other writers), or ``sync`` and drop the whole
+   cache (``pre_evict: drop``, the published behaviour);
 3. optionally open a readahead window on the model's device(s), recorded
    where the node's boot unit restores it should the node go down mid-load;
 4. start the guard (``uma_guard.py``, default mode from the benchmark) as its
@@ -438,7 +440,6 @@ class Launch:
     # ---- steps
     def pre_evict(self) -> None:
         started = time.monotonic()
-        os.sync()
         mode = self.config["pre_evict"]
         if mode == "files":
             asked = evict_files(self.files())
@@ -447,6 +448,7 @@ class Launch:
             )
         elif mode == "drop":
             try:
+                os.sync()  # drop_caches frees clean pages only
                 drop_caches(self.config["proc_root"], 1)
                 self.log.step("pre-evict", duration=time.monotonic() - started, mode="drop")
             except OSError as err:
