@@ -149,8 +149,8 @@ def main() -> int:
         print("| --- | --- | --- | --- | --- | --- |")
         for r in results:
             f, n = r["first"], r["rerun"]
-            print("| %d | %s | %d | %s | %d | %d |" % (r["nodes"], f["wall_s"], f["changed"], n["wall_s"],
-                                                      n["changed"], f["failed"] + n["failed"]))  # fmt: skip
+            cells = (r["nodes"], f["wall_s"], f["changed"], n["wall_s"], n["changed"], f["failed"] + n["failed"])
+            print("| %d | %s | %d | %s | %d | %d |" % cells)
         print("forks %d, %d CPUs, load %s" % (a.forks, os.cpu_count(), " ".join("%.1f" % x for x in os.getloadavg())))
     return 0 if all(r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0 for r in results) else 1
 
