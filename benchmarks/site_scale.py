@@ -29,35 +29,21 @@ import sys
 import tempfile
 import time
 
+from _lab import docker, start_node, wait_systemd
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECAP = re.compile(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
 
-def docker(*args: str, check: bool = True) -> str:
-    return subprocess.run(["docker", *args], check=check, capture_output=True, text=True).stdout
-
-
 def start(names: list, image: str, engines: bool) -> None:
     for name in names:
-        docker("rm", "-f", name, check=False)
         mounts = []
         if engines:
             lab = os.path.join(ROOT, ".cache", "lab")
             mounts = ["-v", "%s/vllm-venv:/opt/vllm:ro" % lab, "-v", "%s/models:/models:ro" % lab]
-        docker(
-            "run", "-d", "--name", name, "--hostname", name, "--cap-add", "SYS_ADMIN",
-            "--security-opt", "apparmor=unconfined", "--cgroupns", "host", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
-            "--tmpfs", "/run", "--tmpfs", "/run/lock", "--tmpfs", "/tmp", "--shm-size", "1g",
-            "--stop-signal", "SIGRTMIN+3", *mounts, image,
-        )  # fmt: skip
+        start_node(name, image, mounts)
     for name in names:
-        for _unused in range(120):
-            state = subprocess.run(
-                ["docker", "exec", name, "systemctl", "is-system-running"], capture_output=True, text=True, check=False
-            ).stdout.strip()
-            if state in ("running", "degraded"):
-                break
-            time.sleep(0.5)
+        wait_systemd(name)
 
 
 def inventory(work: str, names: list, engines: bool) -> str:

@@ -12,6 +12,7 @@ and with the row's own model_config summary.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 
@@ -43,26 +44,22 @@ def is_hybrid(row):
     return any(word in text for word in ("linear", "gateddeltanet", "mamba"))
 
 
+def _load_benchmark():
+    """benchmarks/planner_accuracy.py: its row -> planner parameters is the one under test here too."""
+    spec = importlib.util.spec_from_file_location("planner_accuracy", ROOT / "benchmarks" / "planner_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BENCHMARK = _load_benchmark()
+
+
 def row_params(row, use_fixture):
-    observed = row["observed"]
-    params = {
-        "model": row["model"],
-        "kv_cache_memory_bytes": int(observed["available_kv_gib"] * GIB),
-        "tensor_parallel_size": row.get("tp") or 1,
-        "pipeline_parallel_size": row.get("pp") or 1,
-        "max_model_len": row["max_model_len"],
-        "kv_cache_dtype": row.get("kv_cache_dtype") or "auto",
-        "block_size": observed.get("block_size"),
-    }
-    if row.get("vllm_version"):
-        params["vllm_version"] = row["vllm_version"]
-    if row.get("dtype"):
-        params["dtype"] = row["dtype"]
+    params = BENCHMARK.params_of(row)
     fixture = FIXTURE_OF.get(row["model"])
     if use_fixture and fixture:
         params["model_config"] = json.loads((FIXTURES / fixture / "config.json").read_text())
-    else:
-        params["model_config"] = row["model_config"]
     return params
 
 
