@@ -16,15 +16,13 @@ wrote on its two lab nodes (molecule/cluster/tests/test_cluster.py).
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
 import subprocess
 import sys
 from typing import Any, Dict, List
 
 import pytest
-from test_vllm_parser_oracle import IMAGE, ROOT, VENV, _require, plan_mod
+from test_vllm_parser_oracle import ROOT, _require, plan_mod, run_in_lab
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
 
@@ -106,40 +104,7 @@ def vllm_argv(command: List[str], image: str = "") -> List[str]:
 
 def run_oracle(cases: List[Dict[str, Any]], work: str, mounts: List[str]) -> Dict[str, Dict[str, Any]]:
     """MULTINODE_ORACLE over ``cases`` ([{id, argv}]) in one lab container."""
-    with open(os.path.join(work, "oracle.py"), "w") as handle:
-        handle.write(MULTINODE_ORACLE)
-    with open(os.path.join(work, "cases.json"), "w") as handle:
-        json.dump(cases, handle)
-    os.chmod(work, 0o777)
-    volumes = []
-    for mount in ["%s:/opt/vllm:ro" % VENV, "%s:/w" % work, *mounts]:
-        volumes += ["-v", mount]
-    run = subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            *volumes,
-            "-e",
-            "VLLM_LOGGING_LEVEL=WARNING",
-            IMAGE,
-            "/opt/vllm/bin/python",
-            "/w/oracle.py",
-            "/w/cases.json",
-            "/w/out.json",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = os.path.join(work, "out.json")
-    if run.returncode != 0 or not os.path.exists(out):
-        pytest.fail(
-            "the multi-node oracle did not run (exit %s):\n%s" % (run.returncode, (run.stderr or run.stdout)[-3000:])
-        )
-    with open(out) as handle:
-        return {r["id"]: r for r in json.load(handle)}
+    return {r["id"]: r for r in run_in_lab(MULTINODE_ORACLE, cases, work, mounts, what="the multi-node oracle")}
 
 
 # --------------------------------------------------------------------------

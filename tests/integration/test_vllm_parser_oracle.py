@@ -87,6 +87,25 @@ def _require():
     pytest.skip(reason)
 
 
+def run_in_lab(script: str, cases, work, mounts=(), what: str = "the vLLM parser oracle"):
+    """``script`` over ``cases`` ([{id, argv}]) with the lab venv's python, in one throw-away
+    container of the lab image (``work`` is mounted at /w); the script's results, a list."""
+    work = pathlib.Path(work)
+    (work / "oracle.py").write_text(script)
+    (work / "cases.json").write_text(json.dumps(cases))
+    os.chmod(str(work), 0o777)
+    volumes = []
+    for mount in ["%s:/opt/vllm:ro" % VENV, "%s:/w" % work, *mounts]:
+        volumes += ["-v", mount]
+    cmd = ["docker", "run", "--rm", *volumes, "-e", "VLLM_LOGGING_LEVEL=WARNING", IMAGE]
+    cmd += ["/opt/vllm/bin/python", "/w/oracle.py", "/w/cases.json", "/w/out.json"]
+    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
+    out = work / "out.json"
+    if run.returncode != 0 or not out.exists():
+        pytest.fail("%s did not run (exit %s):\n%s" % (what, run.returncode, (run.stderr or run.stdout)[-3000:]))
+    return json.loads(out.read_text())
+
+
 def matrix_cases():
     cases = []
     for case in yaml.safe_load((FIXTURES / "plan_matrix.yaml").read_text()):
@@ -112,32 +131,8 @@ def oracle(tmp_path_factory):
     _require()
     work = tmp_path_factory.mktemp("oracle")
     cases = matrix_cases()
-    (work / "oracle.py").write_text(ORACLE)
-    (work / "cases.json").write_text(json.dumps([{"id": c["id"], "argv": c["argv"]} for c in cases]))
-    os.chmod(str(work), 0o777)
-    cmd = [
-        "docker",
-        "run",
-        "--rm",
-        "-v",
-        "%s:/opt/vllm:ro" % VENV,
-        "-v",
-        "%s:/w" % work,
-        "-e",
-        "VLLM_LOGGING_LEVEL=WARNING",
-        IMAGE,
-        "/opt/vllm/bin/python",
-        "/w/oracle.py",
-        "/w/cases.json",
-        "/w/out.json",
-    ]
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
-    out = work / "out.json"
-    if run.returncode != 0 or not out.exists():
-        pytest.fail(
-            "the vLLM parser oracle did not run (exit %s):\n%s" % (run.returncode, (run.stderr or run.stdout)[-3000:])
-        )
-    results = {r["id"]: r for r in json.loads(out.read_text())}
+    argvs = [{"id": c["id"], "argv": c["argv"]} for c in cases]
+    results = {r["id"]: r for r in run_in_lab(ORACLE, argvs, work)}
     return cases, results
 
 
@@ -178,29 +173,5 @@ def test_rejected_flags_are_really_rejected(tmp_path):
         {"id": "disable-log-requests", "argv": ["vllm", "serve", "m", "--disable-log-requests"]},
         {"id": "bogus", "argv": ["vllm", "serve", "m", "--no-such-flag-uma"]},
     ]
-    (tmp_path / "oracle.py").write_text(ORACLE)
-    (tmp_path / "cases.json").write_text(json.dumps(argvs))
-    os.chmod(str(tmp_path), 0o777)
-    run = subprocess.run(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "-v",
-            "%s:/opt/vllm:ro" % VENV,
-            "-v",
-            "%s:/w" % tmp_path,
-            IMAGE,
-            "/opt/vllm/bin/python",
-            "/w/oracle.py",
-            "/w/cases.json",
-            "/w/out.json",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, run.stderr[-2000:]
-    results = json.loads((tmp_path / "out.json").read_text())
+    results = run_in_lab(ORACLE, argvs, tmp_path)
     assert [r["ok"] for r in results] == [False, False, False], results
