@@ -33,19 +33,10 @@ import threading
 import time
 import urllib.request
 
-from _lab import docker, start_node, wait_systemd
+from _lab import docker, drop_caches, meminfo, pretouch, start_node, wait_systemd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
-
-
-def meminfo() -> dict:
-    out = {}
-    with open("/proc/meminfo", encoding="ascii") as handle:
-        for line in handle:
-            key, _unused, rest = line.partition(":")
-            out[key] = int(rest.split()[0]) * 1024
-    return out
 
 
 class Sampler(threading.Thread):
@@ -67,20 +58,6 @@ class Sampler(threading.Thread):
             self.peak_cached = max(self.peak_cached, m["Cached"] - self.base_cached)
             self.peak_unmapped = max(self.peak_unmapped, m["Cached"] - m["Mapped"] - self.base_unmapped)
             time.sleep(self.interval)
-
-
-def pretouch(gib: float) -> None:
-    """Allocate, write and free memory so the VM has it at hand (LAB-NOTES)."""
-    block = bytearray(int(gib * 1024**3))
-    for i in range(0, len(block), 4096):
-        block[i] = 1
-    del block
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as handle:
-        handle.write("3\n")
 
 
 def healthy(url: str) -> bool:
@@ -196,14 +173,14 @@ def main() -> int:
         # (caches inside the container, not the page cache: that is dropped before every run).
         # Warm up so that start does not land on one side.
         for _unused in range(a.warmup):
-            pretouch(a.pretouch_gib)
+            pretouch(int(a.pretouch_gib * 1024**3))
             warm = one_run(name, ip, "bare", "/models/" + a.model, engine_args, a.timeout)
             if not a.json:
                 print("warm-up  bare     healthy after %ss (not counted)" % warm["time_to_healthy_s"], file=sys.stderr)
         for rep in range(a.repeat):
             order = ["bare", "launcher"] if rep % 2 == 0 else ["launcher", "bare"]
             for mode in order:
-                pretouch(a.pretouch_gib)
+                pretouch(int(a.pretouch_gib * 1024**3))
                 run = one_run(name, ip, mode, "/models/" + a.model, engine_args, a.timeout)
                 run["repeat"] = rep
                 runs.append(run)

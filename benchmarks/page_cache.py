@@ -52,6 +52,7 @@ GUARD = os.path.join(ROOT, "plugins", "module_utils", "uma_guard.py")
 sys.path.insert(0, os.path.dirname(GUARD))
 
 import uma_guard
+from _lab import drop_caches, meminfo, pretouch
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -108,12 +109,6 @@ def fs_type(path: str) -> str:
     return best_type
 
 
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w", encoding="ascii") as handle:
-        handle.write("3\n")
-
-
 def read_knob(path: str) -> str:
     with open(path, encoding="ascii") as handle:
         return handle.read().strip()
@@ -136,21 +131,6 @@ def sectors_read(stat_file: Optional[str]) -> int:
     if stat_file is None:
         return 0
     return int(read_knob(stat_file).split()[2])
-
-
-def pretouch(nbytes: int) -> float:
-    """Allocate, write and free ``nbytes`` so the run finds warm pages."""
-    import numpy as np
-
-    started = time.perf_counter()
-    buf = np.empty(nbytes, dtype=np.uint8)
-    buf.fill(1)
-    del buf
-    return time.perf_counter() - started
-
-
-def meminfo() -> Dict[str, int]:
-    return uma_guard.read_meminfo("/proc")
 
 
 # --------------------------------------------------------------------------
