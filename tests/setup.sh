@@ -55,4 +55,12 @@ ln -sfn ../../../.. .cache/collections/ansible_collections/uma/vllm
 lab_args=()
 [ "$want_vllm" = 1 ] && lab_args+=(--vllm)
 bash lab/build-image.sh "${lab_args[@]}"
+if [ "$want_vllm" = 1 ]; then
+  # Lab-only additions to the vLLM venv (mounted read-only at /opt/vllm in the lab nodes):
+  # `vllm serve` without the CLI's other subcommands, and the AMX start-up hook (lab/*.py say why).
+  site=$(echo .cache/lab/vllm-venv/lib/python3.*/site-packages)
+  install -m 0755 lab/vllm-serve-lab.py .cache/lab/vllm-venv/bin/vllm-serve-lab
+  install -m 0644 lab/uma_lab_amx.py "$site/uma_lab_amx.py"
+  echo "import uma_lab_amx" >"$site/uma_lab_amx.pth"
+fi
 log "done in ${SECONDS}s"
