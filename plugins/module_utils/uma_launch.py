@@ -30,6 +30,15 @@ In order, each step logged with its timing:
 7. on any failure or signal: the same clean-up, the engine stopped, its exit
    code propagated (128+N for a signal).
 
+A rank of a multi-node engine (``cluster`` in its config) first meets the other
+ranks on the rank link (``_ranks.py``): same configuration everywhere, or no
+start (exit 78); a rank that starts first waits for the others. While it runs,
+a rank that stops tells the others: a deliberate stop stops every rank (exit 0),
+a failure stops every rank with exit 69 so systemd restarts the whole engine.
+Once healthy, the launcher also watches this node's ``VLLM::`` processes (the
+engine core, the workers): one of them dying while the engine's main process
+lives (the engine would go on answering /health 200) is a failure, exit 69.
+
 Each launch leaves ``<state_dir>/launches/<engine>/<UTC stamp>/`` with
 ``launch.json``, the guard's ``guard.json`` and ``samples.jsonl`` (memory
 timeline), and a ``latest`` link, for uma.vllm.oom_diagnose.
@@ -52,10 +61,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _ranks, uma_guard
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, read_json
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
+    import _ranks  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
     from _common import UmaError, atomic_write_json, read_json  # type: ignore[no-redef]
 
@@ -64,6 +74,7 @@ NODE_CONFIG = "/etc/uma-vllm/launch.json"
 EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
+EXIT_PEER = 69  # EX_UNAVAILABLE: a rank or rank process of this engine failed; systemd restarts it
 GUARD_READY_TIMEOUT_S = 10.0
 
 DEFAULTS: Dict[str, Any] = {
@@ -89,6 +100,8 @@ DEFAULTS: Dict[str, Any] = {
     "lib_dir": os.path.dirname(os.path.abspath(__file__)),
     "python": sys.executable or "/usr/bin/python3",
     "plan": None,
+    "cluster": None,  # a rank of a multi-node engine: rank, nnodes, head_addr, link_port (see _ranks.py)
+    "watch_ranks": True,  # once healthy, a dead VLLM:: process of this engine is a failure
     "proc_root": "/proc",
     "sysfs_root": "/sys",
 }
@@ -150,6 +163,11 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
         )
     if not isinstance(config.get("env"), dict):
         raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
+    config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
+    if not isinstance(config.get("watch_ranks"), bool):
+        raise UmaError(
+            "watch_ranks", config.get("watch_ranks"), "is not true or false", "Give true (default) or false."
+        )
     return config
 
 
@@ -361,6 +379,17 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def node_shutting_down() -> bool:
+    """True while systemd takes the node down (``systemctl is-system-running``: stopping)."""
+    try:
+        out = subprocess.run(
+            ["systemctl", "is-system-running"], capture_output=True, text=True, timeout=3, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out == "stopping"
+
+
 def exit_code(returncode: Optional[int]) -> int:
     if returncode is None:
         return 1
@@ -409,6 +438,9 @@ class Launch:
         self.cleaned = False
         self.tail: List[str] = []
         self._files: Optional[List[str]] = None
+        self.link: Optional[_ranks.RankLink] = _ranks.RankLink(config, self.log.line) if config.get("cluster") else None
+        # why this rank stops when it is not its own engine's exit: (reason, exit code)
+        self.failure: Optional[Tuple[str, int]] = None
 
     # ---- helpers
     def files(self) -> List[str]:
@@ -588,6 +620,10 @@ class Launch:
         while True:
             if self.stop_signal is not None:
                 return False, "signal %d" % self.stop_signal
+            if self.link is not None and self.link.lost is not None:
+                reason, deliberate = self.link.lost
+                self.failure = (reason, 0 if deliberate else EXIT_PEER)
+                return False, reason
             if self.engine.poll() is not None:
                 return False, "engine exited with %d before it was healthy" % self.engine.returncode
             if self.health.check():
@@ -621,11 +657,86 @@ class Launch:
             self.lock.release()
             self.log.step("lock-released")
 
+    def tell_peers(self) -> None:
+        """Tell the other ranks that this one stops: deliberately (a signal, or a peer's
+        deliberate stop passed on) or because something failed."""
+        if self.link is None:
+            return
+        if self.failure is not None:
+            reason, deliberate = self.failure[0], self.failure[1] == 0
+        elif self.stop_signal is not None:
+            # a node going down is not an operator stopping the engine: the other ranks must
+            # restart and wait for this one to come back
+            down = node_shutting_down()
+            reason = "signal %d%s" % (self.stop_signal, " (this node is shutting down)" if down else "")
+            deliberate = not down
+        else:
+            code = self.engine.returncode if self.engine is not None else None
+            reason, deliberate = "its engine exited with %s" % code, False
+        self.link.notify("rank %d: %s" % (self.link.rank, reason), deliberate)
+        self.log.step("peers-told", reason=reason, deliberate=deliberate)
+
+    def meet_ranks(self) -> Optional[int]:
+        """The rank link's rendezvous; an exit code when this rank must not start."""
+        if self.link is None:
+            return None
+        cluster = self.config["cluster"]
+        self.log.step("ranks-wait", rank=cluster["rank"], nnodes=cluster["nnodes"], fingerprint=self.link.digest,
+                      link="%s:%s" % (cluster["head_addr"], cluster["link_port"]))  # fmt: skip
+        try:
+            waited = self.link.rendezvous(lambda: self.stop_signal is not None)
+        except _ranks.PeerRefused as err:
+            self.log.step("ranks-refused", reason=str(err))
+            self.failure = (str(err), EXIT_CONFIG)
+            return EXIT_CONFIG
+        except _ranks.PeerTimeout as err:
+            self.log.step("ranks-missing", reason=str(err))
+            if self.stop_signal is not None:
+                return 128 + self.stop_signal
+            self.failure = (str(err), EXIT_PEER)
+            return EXIT_PEER
+        self.log.step("ranks-met", duration=waited)
+        return None
+
+    def serve(self) -> int:
+        """After the load: wait for the engine, the peers and this node's rank processes."""
+        watched: Dict[int, str] = {}
+        if self.config.get("watch_ranks") and self.engine is not None:
+            watched = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"])
+            self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched))
+        while self.engine is not None and self.engine.poll() is None:
+            try:
+                self.engine.wait(1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if self.stop_signal is not None:
+                continue
+            if self.link is not None and self.link.lost is not None:
+                reason, deliberate = self.link.lost
+                self.failure = (reason, 0 if deliberate else EXIT_PEER)
+                self.log.step("peer-stopped" if deliberate else "peer-lost", reason=reason)
+                break
+            dead = _ranks.gone(watched, self.config["proc_root"]) if watched else []
+            if dead and self.engine.poll() is None:
+                reason = "rank process %s" % ", ".join("%s (pid %d) died" % (name, pid) for pid, name in dead)
+                self.failure = (reason, EXIT_PEER)
+                self.log.step("rank-process-died", reason=reason)
+                break
+        if self.failure is not None:
+            self.cleanup()
+            self.record["exit_code"] = self.failure[1]
+            self.record["stopped_because"] = self.failure[0]
+            return self.failure[1]
+        code = exit_code(self.engine.returncode if self.engine is not None else None)
+        self.record["exit_code"] = code
+        self.log.step("engine-exited", returncode=self.engine.returncode if self.engine is not None else None)
+        return code
+
     def cleanup(self) -> None:
         if self.cleaned:
             return
         self.cleaned = True
-        for action in (self.stop_engine, self.load_done):
+        for action in (self.tell_peers, self.stop_engine, self.load_done):
             try:
                 action()
             except Exception as err:
@@ -637,6 +748,13 @@ class Launch:
             signal.signal(signum, self.on_signal)
         self.log.step("launch", engine=self.engine_name, record=self.record_dir)
         try:
+            # the ranks meet before the lock: a node's lock never waits on another node
+            refused = self.meet_ranks()
+            if refused is not None:
+                self.record["failed_at"] = self.log.elapsed()
+                self.record["exit_code"] = refused
+                self.record["stopped_because"] = (self.failure or ("signal", refused))[0]
+                return refused
             if not acquire_lock(self.lock, self.config["lock_timeout_s"], self.log):
                 self.record["failed_at"] = self.log.elapsed()
                 self.record["exit_code"] = EXIT_LOCK_TIMEOUT
@@ -658,20 +776,15 @@ class Launch:
                     code = 128 + self.stop_signal
                 if "within" in why:
                     code = EXIT_HEALTH_TIMEOUT
+                if self.failure is not None:
+                    code = self.failure[1]
+                    self.record["stopped_because"] = self.failure[0]
                 self.record["exit_code"] = code
                 return code
             self.record["healthy_at"] = self.log.elapsed()
             self.load_done()
             self.write_record()
-            while self.engine is not None and self.engine.poll() is None:
-                try:
-                    self.engine.wait(1.0)
-                except subprocess.TimeoutExpired:
-                    continue
-            code = exit_code(self.engine.returncode)
-            self.record["exit_code"] = code
-            self.log.step("engine-exited", returncode=self.engine.returncode)
-            return code
+            return self.serve()
         finally:
             self.cleanup()
             self.write_record()

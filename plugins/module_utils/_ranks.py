@@ -1,0 +1,422 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The ranks of one multi-node engine, as the node-local launcher sees them (node side).
+
+vLLM's ranks of a multi-node engine know nothing of each other's lifecycle: a stopped rank 0
+leaves a headless rank 1 (and its ``VLLM::Worker_TP1``) running and holding memory, and a
+dead rank 1 leaves rank 0 answering ``/health`` 200 (measured in the lab: 60+ s and 100+ s).
+The launchers of the ranks therefore hold a *rank link*: every rank > 0 keeps one TCP
+connection to rank 0's launcher (``head_addr:link_port``, on the cluster link).
+
+- **Before anything loads** the ranks meet on the link and compare the fingerprint of the
+  configuration they would run (the engine's argv and environment without what is per rank
+  or per host). A rank that starts first waits for the others (bounded); ranks whose
+  configurations differ are refused (exit 78) with the words that differ.
+- **While it runs** each side sends a heartbeat every few seconds. A launcher that stops
+  tells its peers why: a deliberate stop (a signal from ``systemctl stop`` or a play) makes
+  the peers stop too and exit 0; a failure (its engine died, a rank process died, a peer
+  was lost) makes them stop and exit 69 so that systemd's ``Restart=on-failure`` brings the
+  whole engine back, every rank waiting for the others again. A connection that drops or
+  falls silent counts as a lost peer.
+
+Pure stdlib; runs with the node's python3 beside uma_launch.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    from _common import UmaError  # type: ignore[no-redef]
+
+HEARTBEAT_S = 2.0
+SILENCE_S = 15.0
+# Words of the argv that legitimately differ between the ranks of one engine, or between
+# hosts of different size (the planner sizes memory per host).
+PER_RANK_WITH_VALUE = ("--node-rank", "--host", "--gpu-memory-utilization", "--kv-cache-memory-bytes")
+PER_RANK_BARE = ("--headless",)
+PER_HOST_ENV = (
+    "VLLM_HOST_IP",
+    "NCCL_SOCKET_IFNAME",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "UCX_NET_DEVICES",
+    "OMPI_MCA_btl_tcp_if_include",
+    "RAY_NODE_IP_ADDRESS",
+    "RAY_OVERRIDE_NODE_IP_ADDRESS",
+)
+
+
+class PeerRefused(Exception):
+    """The ranks' configurations differ (or the engine names do): nothing may start."""
+
+
+class PeerTimeout(Exception):
+    """Not every rank arrived within the rendezvous deadline."""
+
+
+def validate_cluster(cluster: Any) -> Optional[Dict[str, Any]]:
+    """The launcher config's ``cluster`` mapping, checked; None for a single-node engine."""
+    if cluster is None:
+        return None
+    if not isinstance(cluster, dict):
+        raise UmaError("cluster", cluster, "is not a mapping", "Give rank, nnodes, head_addr and link_port, or null.")
+    out = dict(cluster)
+    nnodes, rank, port = out.get("nnodes"), out.get("rank"), out.get("link_port")
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or not 2 <= nnodes <= 1024:
+        raise UmaError("cluster.nnodes", nnodes, "is not a node count from 2 to 1024", "Give the engine's node count.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nnodes:
+        raise UmaError("cluster.rank", rank, "is not a rank from 0 to nnodes - 1", "Give this node's rank.")
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UmaError("cluster.link_port", port, "is not a TCP port", "Use a number from 1 to 65535.")
+    addr = out.get("head_addr")
+    if not isinstance(addr, str) or not addr or any(c.isspace() for c in addr):
+        raise UmaError("cluster.head_addr", addr, "is not an address", "Give rank 0's address on the cluster link.")
+    timeout = out.get("peer_timeout_s", 600.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
+        raise UmaError("cluster.peer_timeout_s", timeout, "is not a number of seconds in (0, 86400]", "Give e.g. 600.")
+    out["peer_timeout_s"] = float(timeout)
+    out["compare"] = bool(out.get("compare", True))
+    return out
+
+
+def strip_per_rank(argv: List[str]) -> List[str]:
+    """The argv without the words that differ between ranks or hosts."""
+    out: List[str] = []
+    skip = False
+    for word in argv:
+        if skip:
+            skip = False
+            continue
+        flag = word.split("=", 1)[0]
+        if flag in PER_RANK_WITH_VALUE:
+            skip = "=" not in word
+            continue
+        if flag in PER_RANK_BARE:
+            continue
+        out.append(word)
+    return out
+
+
+def fingerprint(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """(short hash, what it covers) of the configuration every rank must share."""
+    shared = {
+        "engine": config.get("engine"),
+        "argv": strip_per_rank([str(w) for w in config.get("command") or []]),
+        "env": {k: str(v) for k, v in sorted((config.get("env") or {}).items()) if k not in PER_HOST_ENV},
+    }
+    digest = hashlib.sha256(json.dumps(shared, sort_keys=True).encode("utf-8")).hexdigest()[:16]
+    return digest, shared
+
+
+def differences(mine: Dict[str, Any], theirs: Dict[str, Any]) -> List[str]:
+    """Readable differences between two ``fingerprint`` coverages."""
+    out = []
+    if mine.get("engine") != theirs.get("engine"):
+        out.append("engine %r vs %r" % (mine.get("engine"), theirs.get("engine")))
+    a, b = mine.get("argv") or [], theirs.get("argv") or []
+    if a != b:
+        only_a = [w for w in a if w not in b]
+        only_b = [w for w in b if w not in a]
+        out.append("argv: here %s, there %s" % (only_a or "(same words, other order)", only_b or "-"))
+    ea, eb = mine.get("env") or {}, theirs.get("env") or {}
+    for key in sorted(set(ea) | set(eb)):
+        if ea.get(key) != eb.get(key):
+            out.append("env %s: here %r, there %r" % (key, ea.get(key), eb.get(key)))
+    return out
+
+
+class _Conn:
+    """One line-delimited JSON connection to a peer launcher."""
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.buf = b""
+        self.lock = threading.Lock()
+
+    def send(self, message: Dict[str, Any]) -> bool:
+        data = (json.dumps(message, sort_keys=True) + "\n").encode("utf-8")
+        with self.lock:
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                return False
+
+    def recv(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """The next message; None on EOF. Raises socket.timeout when nothing came in time."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("no message within %.1fs" % timeout)
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.buf += chunk
+            if len(self.buf) > 1 << 20:
+                raise OSError("peer %s sent more than 1 MiB without a newline" % self.peer)
+        line, self.buf = self.buf.split(b"\n", 1)
+        message = json.loads(line.decode("utf-8"))
+        if not isinstance(message, dict):
+            raise ValueError("peer %s sent %r, not a JSON object" % (self.peer, message))
+        return message
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class RankLink:
+    """This rank's end of the link: rendezvous, heartbeats, and what the peers said."""
+
+    def __init__(self, config: Dict[str, Any], say: Callable[[str], None]) -> None:
+        self.cluster: Dict[str, Any] = config["cluster"]
+        self.engine = config["engine"]
+        self.rank = int(self.cluster["rank"])
+        self.say = say
+        self.digest, self.shared = fingerprint(config)
+        self.conns: List[_Conn] = []
+        self.server: Optional[socket.socket] = None
+        # (reason, deliberate) once a peer stopped or was lost
+        self.lost: Optional[Tuple[str, bool]] = None
+        self._stop = threading.Event()
+        self._lost_lock = threading.Lock()
+
+    def _hello(self) -> Dict[str, Any]:
+        return {"hello": self.engine, "rank": self.rank, "fingerprint": self.digest, "shared": self.shared}
+
+    def _check(self, hello: Dict[str, Any]) -> Optional[str]:
+        if hello.get("hello") != self.engine:
+            return "engine %r met engine %r on the link" % (self.engine, hello.get("hello"))
+        if self.cluster["compare"] and hello.get("fingerprint") != self.digest:
+            diff = differences(self.shared, hello.get("shared") or {})
+            return "rank %s runs another configuration than rank %s (%s)" % (
+                hello.get("rank"), self.rank, "; ".join(diff) or "fingerprints %s vs %s" % (
+                    self.digest, hello.get("fingerprint")))  # fmt: skip
+        return None
+
+    # ---- rendezvous
+    def rendezvous(self, should_stop: Callable[[], bool]) -> float:
+        """Wait until every rank is on the link with the same configuration; seconds waited."""
+        started = time.monotonic()
+        deadline = started + self.cluster["peer_timeout_s"]
+        if self.rank == 0:
+            self._serve(deadline, should_stop)
+        else:
+            self._join(deadline, should_stop)
+        for conn in self.conns:
+            threading.Thread(target=self._reader, args=(conn,), name="rank-link-read", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="rank-link-beat", daemon=True).start()
+        return time.monotonic() - started
+
+    def _serve(self, deadline: float, should_stop: Callable[[], bool]) -> None:
+        server = socket.socket(socket.AF_INET6 if ":" in self.cluster["head_addr"] else socket.AF_INET)
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            server.bind(("", int(self.cluster["link_port"])))
+        except OSError as err:
+            server.close()
+            raise PeerTimeout("cannot listen on the rank link port %s: %s" % (self.cluster["link_port"], err)) from err
+        server.listen(16)
+        self.server = server
+        want = int(self.cluster["nnodes"]) - 1
+        said = 0.0
+        while len(self.conns) < want:
+            if should_stop():
+                raise PeerTimeout("stopped while waiting for the other ranks")
+            now = time.monotonic()
+            if now >= deadline:
+                raise PeerTimeout("%d of %d other ranks arrived within %.0fs" % (
+                    len(self.conns), want, self.cluster["peer_timeout_s"]))  # fmt: skip
+            if now - said >= 10:
+                said = now
+                self.say("waiting on port %s for %d more rank(s) of engine %s" % (
+                    self.cluster["link_port"], want - len(self.conns), self.engine))  # fmt: skip
+            server.settimeout(min(1.0, max(0.05, deadline - now)))
+            try:
+                sock, addr = server.accept()
+            except socket.timeout:
+                continue
+            conn = _Conn(sock, "%s:%s" % addr[:2])
+            try:
+                hello = conn.recv(10.0)
+            except (OSError, ValueError) as err:
+                self.say("ignored a connection from %s: %s" % (conn.peer, err))
+                conn.close()
+                continue
+            if not hello or "hello" not in hello:
+                conn.close()
+                continue
+            problem = self._check(hello)
+            if problem:
+                conn.send({"refused": problem})
+                conn.close()
+                raise PeerRefused(problem)
+            if any(c.peer_rank == hello.get("rank") for c in self.conns):  # type: ignore[attr-defined]
+                conn.send({"refused": "rank %s is already on the link" % hello.get("rank")})
+                conn.close()
+                continue
+            conn.peer_rank = hello.get("rank")  # type: ignore[attr-defined]
+            conn.send({"ok": self.engine, "fingerprint": self.digest})
+            self.conns.append(conn)
+            self.say(
+                "rank %s joined from %s (fingerprint %s)" % (hello.get("rank"), conn.peer, hello.get("fingerprint"))
+            )
+        server.close()
+        self.server = None
+
+    def _join(self, deadline: float, should_stop: Callable[[], bool]) -> None:
+        target = (self.cluster["head_addr"], int(self.cluster["link_port"]))
+        said = 0.0
+        last_error = "no answer"
+        while True:
+            if should_stop():
+                raise PeerTimeout("stopped while waiting for rank 0")
+            now = time.monotonic()
+            if now >= deadline:
+                raise PeerTimeout("rank 0 at %s:%s did not answer within %.0fs (%s)" % (
+                    target[0], target[1], self.cluster["peer_timeout_s"], last_error))  # fmt: skip
+            if now - said >= 10:
+                said = now
+                self.say("waiting for rank 0 of engine %s at %s:%s" % (self.engine, target[0], target[1]))
+            try:
+                sock = socket.create_connection(target, timeout=min(5.0, max(0.1, deadline - now)))
+            except OSError as err:
+                last_error = str(err)
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                continue
+            conn = _Conn(sock, "%s:%s" % target)
+            conn.send(self._hello())
+            try:
+                reply = conn.recv(30.0)
+            except (OSError, ValueError) as err:
+                conn.close()
+                last_error = str(err)
+                time.sleep(1.0)
+                continue
+            if reply and "refused" in reply:
+                conn.close()
+                raise PeerRefused(str(reply["refused"]))
+            if not reply or "ok" not in reply:
+                conn.close()
+                last_error = "rank 0 answered %r" % (reply,)
+                time.sleep(1.0)
+                continue
+            conn.peer_rank = 0  # type: ignore[attr-defined]
+            self.conns.append(conn)
+            self.say("joined rank 0 at %s:%s (fingerprint %s)" % (target[0], target[1], reply.get("fingerprint")))
+            return
+
+    # ---- while running
+    def _set_lost(self, reason: str, deliberate: bool) -> None:
+        with self._lost_lock:
+            if self.lost is None and not self._stop.is_set():
+                self.lost = (reason, deliberate)
+                self.say("peer: %s" % reason)
+
+    def _reader(self, conn: _Conn) -> None:
+        rank = getattr(conn, "peer_rank", "?")
+        while not self._stop.is_set():
+            try:
+                message = conn.recv(SILENCE_S)
+            except socket.timeout:
+                self._set_lost("rank %s (%s) silent for %.0fs" % (rank, conn.peer, SILENCE_S), False)
+                return
+            except (OSError, ValueError) as err:
+                if not self._stop.is_set():
+                    self._set_lost("rank %s (%s): %s" % (rank, conn.peer, err), False)
+                return
+            if message is None:
+                self._set_lost("rank %s (%s) closed the link without a word" % (rank, conn.peer), False)
+                return
+            if "stop" in message:
+                self._set_lost("rank %s stopped: %s" % (rank, message.get("stop")), bool(message.get("deliberate")))
+                return
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            for conn in list(self.conns):
+                conn.send({"beat": round(time.time(), 3)})
+
+    def notify(self, reason: str, deliberate: bool) -> None:
+        """Tell every peer that this rank stops, and why; then close the link."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for conn in self.conns:
+            conn.send({"stop": reason, "deliberate": deliberate, "rank": self.rank})
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            conn.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+
+# --------------------------------------------------------------------------
+# This node's rank processes
+
+
+def vllm_processes(root_pid: int, proc_root: str = "/proc") -> Dict[int, str]:
+    """{pid: name} of the ``VLLM::`` processes (EngineCore, Worker_TPn ...) below ``root_pid``."""
+    children: Dict[int, List[int]] = {}
+    names: Dict[int, str] = {}
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return {}
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc_root, entry, "stat"), "rb") as handle:
+                raw = handle.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses
+        head, _, rest = raw.rpartition(")")
+        fields = rest.split()
+        if len(fields) < 2 or not fields[1].isdigit():
+            continue
+        pid = int(entry)
+        names[pid] = head.split("(", 1)[-1]
+        children.setdefault(int(fields[1]), []).append(pid)
+    out: Dict[int, str] = {}
+    todo = list(children.get(root_pid, []))
+    while todo:
+        pid = todo.pop()
+        if names.get(pid, "").startswith("VLLM::"):
+            out[pid] = names[pid]
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def gone(watched: Dict[int, str], proc_root: str = "/proc") -> List[Tuple[int, str]]:
+    """The watched processes that no longer exist (or are zombies)."""
+    out = []
+    for pid, name in sorted(watched.items()):
+        try:
+            with open(os.path.join(proc_root, str(pid), "stat"), "rb") as handle:
+                state = handle.read().decode("utf-8", "replace").rpartition(")")[2].split()[:1]
+        except OSError:
+            out.append((pid, name))
+            continue
+        if state in (["Z"], ["X"]):
+            out.append((pid, name))
+    return out

@@ -1,0 +1,134 @@
+"""Two launchers as the two ranks of one multi-node engine, for real (processes, sockets,
+signals), around stand-in engines (fixtures/stand_in_engine.py: NOT vLLM, it only loads
+files, answers /health and names child processes like vLLM's). The cluster Molecule
+scenario runs the same with the real two-node vLLM engine.
+
+Rank 1's health URL is rank 0's, as the role writes it (a headless rank has no API)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_uma_launch_live import LAUNCHER, STAND_IN, free_port, read_until
+
+from ansible_collections.uma.vllm.plugins.module_utils import _ranks, uma_launch
+
+
+@pytest.fixture
+def ports():
+    return {"api": free_port(), "link": free_port()}
+
+
+def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0):
+    model = tmp_path / "model"
+    model.mkdir(exist_ok=True)
+    (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(1 << 20))
+    config = {
+        "engine": "tp2",
+        "command": [
+            sys.executable, STAND_IN, "--port", str(ports["api"]), "--model", str(model), "--node-rank", str(rank),
+            *extra_args, *(["--headless"] if rank else []), "--workers", "VLLM::Worker_TP",
+        ],
+        "env": {"VLLM_HOST_IP": "127.0.0.%d" % (rank + 1)},
+        "health_url": "http://127.0.0.1:%d/health" % ports["api"],
+        "model_path": str(model),
+        "lock_path": str(tmp_path / ("lock%d" % rank)),
+        "state_dir": str(tmp_path / ("state%d" % rank)),
+        "health_timeout_s": 60,
+        "stop_timeout_s": 5,
+        "cluster": {"rank": rank, "nnodes": 2, "head_addr": "127.0.0.1", "link_port": ports["link"],
+                    "peer_timeout_s": peer_timeout},
+    }  # fmt: skip
+    path = tmp_path / ("rank%d.json" % rank)
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def start(path):
+    argv = [sys.executable, LAUNCHER, "--node-config", "/nonexistent", "--config", path]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def record(tmp_path, rank):
+    with open(tmp_path / ("state%d" % rank) / "launches" / "tp2" / "latest" / "launch.json") as handle:
+        return json.load(handle)
+
+
+def both_healthy(tmp_path, ports, first=1):
+    procs = {}
+    for rank in [1, 0] if first == 1 else [0, 1]:
+        procs[rank] = start(write_config(tmp_path, rank, ports))
+        time.sleep(0.5)
+    for rank in (0, 1):
+        read_until(procs[rank], r"ranks-watched", timeout=60)
+    return procs
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_a_stop_of_either_rank_stops_the_whole_engine_deliberately(tmp_path, ports, first):
+    procs = both_healthy(tmp_path, ports, first=first)
+    stopped = 1 - first  # stop the rank that started second, then the other must follow
+    started = time.monotonic()
+    procs[stopped].send_signal(signal.SIGTERM)
+    other = 1 - stopped
+    assert procs[other].wait(20) == 0  # a deliberate stop: exit 0, systemd does not restart it
+    took = time.monotonic() - started
+    procs[stopped].wait(20)
+    assert took < 10, took
+    rec = record(tmp_path, other)
+    assert rec["exit_code"] == 0 and "signal 15" in rec["stopped_because"]
+    steps = [s["name"] for s in rec["steps"]]
+    assert "ranks-met" in steps and "peer-stopped" in steps and "engine-stopped" in steps
+
+
+def test_a_dead_rank_process_fails_both_ranks_for_a_restart(tmp_path, ports):
+    procs = both_healthy(tmp_path, ports)
+    watched = _ranks.vllm_processes(engine_pid(procs[1]))
+    assert sorted(watched.values()) == ["VLLM::Worker_TP"]
+    os.kill(next(iter(watched)), signal.SIGKILL)  # rank 1's worker dies, its engine process lives
+    assert procs[1].wait(20) == uma_launch.EXIT_PEER
+    assert procs[0].wait(20) == uma_launch.EXIT_PEER
+    assert "VLLM::Worker_TP (pid" in record(tmp_path, 1)["stopped_because"]
+    assert record(tmp_path, 0)["stopped_because"].startswith("rank 1 stopped: rank 1: rank process")
+
+
+def test_an_engine_that_exits_fails_the_peer_too(tmp_path, ports):
+    procs = both_healthy(tmp_path, ports)
+    os.kill(engine_pid(procs[0]), signal.SIGKILL)  # rank 0's engine process dies
+    assert procs[0].wait(20) == 128 + signal.SIGKILL
+    assert procs[1].wait(20) == uma_launch.EXIT_PEER
+    assert "its engine exited with -9" in record(tmp_path, 1)["stopped_because"]
+
+
+def test_ranks_with_different_configurations_never_start(tmp_path, ports):
+    procs = {1: start(write_config(tmp_path, 1, ports, extra_args=["--load-s", "0.7"]))}
+    procs[0] = start(write_config(tmp_path, 0, ports))
+    for rank in (0, 1):
+        assert procs[rank].wait(30) == uma_launch.EXIT_CONFIG
+        rec = record(tmp_path, rank)
+        assert "runs another configuration" in rec["stopped_because"] and "'--load-s'" in rec["stopped_because"]
+        assert "engine-started" not in [s["name"] for s in rec["steps"]]
+
+
+def test_a_rank_alone_waits_then_gives_up_without_loading(tmp_path, ports):
+    proc = start(write_config(tmp_path, 1, ports, peer_timeout=2))
+    assert proc.wait(30) == uma_launch.EXIT_PEER
+    rec = record(tmp_path, 1)
+    assert "did not answer within 2s" in rec["stopped_because"]
+    assert "engine-started" not in [s["name"] for s in rec["steps"]]
+
+
+def engine_pid(launcher):
+    """The launcher's engine child (the stand-in)."""
+    out = subprocess.run(
+        ["pgrep", "-P", str(launcher.pid), "-f", "stand_in_engine"], capture_output=True, text=True, check=False
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, out
+    return pids[0]
