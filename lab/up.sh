@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The two-node lab: two systemd containers ai1 and ai2 on this machine, shaped like two DGX
-# Sparks (inventories/lab mirrors inventories/spark), each running the REAL vLLM engine (CPU
-# build) as a service through site.yml.
+# Sparks (inventories/lab mirrors inventories/spark), running ONE tensor-parallel vLLM engine
+# (the REAL CPU build, TP=2) over both: rank 0 on ai1 serves the API, rank 1 on ai2 runs
+# headless, each as a service through site.yml.
 #
 #   lab/up.sh          build or reuse the lab image, the vLLM venv and the tiny model; start
 #                      ai1/ai2 (kept when already running); run site.yml; print each host's
-#                      planned budget and each engine's /health. Re-running changes nothing.
+#                      planned budget, each rank's /health and one completion. Re-running changes nothing.
 #   lab/up.sh --down   playbooks/restore.yml (engines, launcher, sysctls: the shared kernel gets
 #                      its own vm.* values back), then remove the containers.
 #
@@ -70,21 +71,48 @@ summary() {
   for node in "${nodes[@]}"; do
     printf '\n===== %s =====\n' "$node"
     docker exec -i "$node" python3 - <<'PY'
-import glob, json, subprocess, urllib.request
+import glob, json, shlex, subprocess, urllib.request
+
+def api_key(name):
+    """The engine's API key from its 0600 EnvironmentFile (read as root; never printed)."""
+    try:
+        for line in open("/etc/uma-vllm/engines/%s.env" % name):
+            if line.startswith("VLLM_API_KEY="):
+                return shlex.split(line.split("=", 1)[1])[0]
+    except OSError:
+        pass
+    return None
+
 for path in sorted(glob.glob("/etc/uma-vllm/engines/*.json")):
     config = json.load(open(path))
     name = config["engine"]
     unit = "uma-vllm@%s.service" % name
     active = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True).stdout.strip()
+    cluster = config.get("cluster")
+    role = "single node" if not cluster else "rank %d of %d (%s)" % (
+        cluster["rank"], cluster["nnodes"], "serves the API" if cluster["rank"] == 0 else "headless, rank 0 at %s" % cluster["head_addr"])
     try:
         with urllib.request.urlopen(config["health_url"], timeout=5) as response:
             health = "%d" % response.status
     except Exception as exc:  # noqa: BLE001
         health = "no answer (%s)" % type(exc).__name__
     if active != "active":
-        print("--- engine %s: %s (installed, not started)" % (name, active))
+        print("--- engine %s, %s: %s (installed, not started)" % (name, role, active))
         continue
-    print("--- engine %s: %s, GET %s -> %s" % (name, active, config["health_url"], health))
+    print("--- engine %s, %s: %s, GET %s -> %s" % (name, role, active, config["health_url"], health))
+    if not cluster or cluster["rank"] == 0:
+        url = config["health_url"].rsplit("/", 1)[0] + "/v1/completions"
+        body = json.dumps({"model": config["model_path"], "prompt": "The two nodes", "max_tokens": 8}).encode()
+        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        key = api_key(name)
+        if key:
+            request.add_header("Authorization", "Bearer " + key)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                answer = json.load(response)
+            print("    POST %s -> %r (%d tokens)" % (url, answer["choices"][0]["text"], answer["usage"]["completion_tokens"]))
+        except Exception as exc:  # noqa: BLE001
+            print("    POST %s -> failed: %s" % (url, exc))
     print((config.get("plan") or {}).get("table") or "(no plan)")
 PY
   done
@@ -109,4 +137,4 @@ start=$SECONDS
 ansible-playbook -i inventories/lab site.yml "$@"
 log "site.yml took $((SECONDS - start)) s"
 summary
-log "lab up in ${SECONDS} s; the API: docker exec ai1 curl -s -H 'Authorization: Bearer uma-lab-key-not-secret' http://127.0.0.1:8000/v1/models"
+log "lab up in ${SECONDS} s; the API (rank 0 on ai1): docker exec ai1 curl -s -H 'Authorization: Bearer uma-lab-key-not-secret' http://127.0.0.1:8100/v1/models"

@@ -27,6 +27,8 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 CONTAINER_PREFIX = "uma-vllm-"
 DEFAULT_MASTER_PORT = 29501
 DEFAULT_RAY_PORT = 6379
+# The launchers' rank link (plugins/module_utils/_ranks.py) listens on rank 0 at master_port + this.
+LINK_PORT_OFFSET = 10
 
 
 def _err(option: str, value: Any, problem: str, fix: str) -> str:
@@ -78,6 +80,9 @@ def host_engines(engines: Any, hostname: str, default_backend: str = "mp") -> Li
                 "master_port": int(engine.get("master_port") or DEFAULT_MASTER_PORT),
                 "ray_port": int(engine.get("ray_port") or DEFAULT_RAY_PORT),
             }
+            engine["cluster"]["link_port"] = int(
+                engine.get("link_port") or engine["cluster"]["master_port"] + LINK_PORT_OFFSET
+            )
             engine["api_rank"] = engine["cluster"]["rank"] == 0
         out.append(engine)
     return out
@@ -194,6 +199,21 @@ def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, add
             _err("uma_cluster_addr", None, "is unknown for rank-0 host %s of engine %s" % (head, engine.get("name")),
                  "Set uma_cluster_addr (its ConnectX address) in host_vars/%s.yml." % head)
         )  # fmt: skip
+    ports = {}
+    for key in ("port", "master_port", "link_port", "ray_port"):
+        value = engine.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            if key != "port":  # the API port is checked with every engine
+                errors.append(_err(where + "." + key, value, "is not a TCP port", "Use a number from 1 to 65535."))
+        elif value in ports:
+            errors.append(
+                _err(where + "." + key, value, "is also the engine's %s" % ports[value],
+                     "Give port, master_port, link_port and ray_port different numbers.")
+            )  # fmt: skip
+        else:
+            ports[value] = key
     plan = engine.get("plan") or {}
     world = int(plan.get("tensor_parallel_size") or 1) * int(plan.get("pipeline_parallel_size") or 1)
     if world % len(nodes) or world < len(nodes):
@@ -387,6 +407,17 @@ def launch_config(
     for key in ("guard_mode", "readahead_kb", "pre_evict"):
         if engine.get(key) is not None:
             config[key] = engine[key]
+    if cluster:
+        # the launchers of the ranks meet on rank 0 before loading and stop together
+        config["cluster"] = {
+            "rank": cluster["rank"],
+            "nnodes": cluster["nnodes"],
+            "head_addr": head_addr,
+            "link_port": cluster["link_port"],
+            "peer_timeout_s": float(settings.get("peer_timeout_s") or 600),
+            # a Ray worker runs `ray start`, not the engine's argv: nothing to compare
+            "compare": not ray,
+        }
     return config
 
 

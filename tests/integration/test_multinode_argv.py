@@ -89,7 +89,7 @@ def engine_command(config: Dict[str, Any]) -> List[str]:
 
 def vllm_argv(command: List[str], image: str = "") -> List[str]:
     """The ``vllm serve ...`` part of a rendered engine command, whatever runs it: the lab's
-    ``python -m vllm.entrypoints.openai.api_server``, ``sh -c '... exec "$0" "$@"' vllm serve``,
+    ``python -m vllm.entrypoints.openai.api_server``, ``vllm-serve-lab``, ``sh -c '... exec "$0" "$@"' vllm serve``,
     ``docker run ... IMAGE vllm serve`` or an image whose entrypoint is ``vllm serve``."""
     for i in range(len(command) - 1):
         if command[i : i + 2] == ["vllm", "serve"]:
@@ -97,6 +97,9 @@ def vllm_argv(command: List[str], image: str = "") -> List[str]:
     for i in range(len(command) - 2):
         if command[i + 1 : i + 3] == ["-m", "vllm.entrypoints.openai.api_server"]:
             return ["vllm", "serve", *command[i + 3 :]]
+    for i, word in enumerate(command):
+        if word.endswith("/vllm-serve-lab"):  # the lab's `vllm serve` (lab/vllm-serve-lab.py)
+            return ["vllm", "serve", *command[i + 1 :]]
     if image and image in command:
         return ["vllm", "serve", *command[command.index(image) + 1 :]]
     raise AssertionError("no vLLM command in %s" % shlex.join(command))

@@ -1,6 +1,8 @@
 """The two lab nodes after site.yml converged, refused bad values, was corrected after drift by
-hand and cluster-ai1 was restarted: units, hardening, secrets, health, launch records and the
-multi-node command lines (through vLLM's real parser and engine-config builder)."""
+hand, had either rank stopped, rank 1's worker killed and cluster-ai2 restarted: one TP=2 engine
+over both nodes, its units, hardening, secrets, health, a completion through rank 0, the rank
+link in the launch records and the multi-node command lines (through vLLM's real parser and
+engine-config builder)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from test_multinode_argv import MULTINODE_ORACLE, vllm_argv
 
 NODES = ["cluster-ai1", "cluster-ai2"]
 API_KEY = "uma-lab-key-not-secret"
-LAB_COMMAND = ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+LAB_COMMAND = ["/opt/vllm/bin/python", "/opt/vllm/bin/vllm-serve-lab"]
 
 
 def _name(host):
@@ -64,6 +66,7 @@ def test_template_unit_runs_the_launcher_with_restart_limits_and_hardening(host)
         "StartLimitBurst=3",
         "StartLimitIntervalSec=1800",
         "RestartPreventExitStatus=78",
+        "SuccessExitStatus=129 130 143",
         "NoNewPrivileges=yes",
         "ProtectSystem=full",
         "PrivateTmp=yes",
@@ -72,14 +75,14 @@ def test_template_unit_runs_the_launcher_with_restart_limits_and_hardening(host)
         assert line in lines, line
 
 
-def test_the_engine_runs_enabled_hardened_and_never_restarted_by_itself(host):
+def test_each_node_runs_its_rank_enabled_and_hardened(host):
+    rank = NODES.index(_name(host))
     props = _show(
         host,
-        "uma-vllm@tiny.service",
+        "uma-vllm@tp2.service",
         "ActiveState",
         "SubState",
         "UnitFileState",
-        "NRestarts",
         "Restart",
         "StartLimitBurst",
         "NoNewPrivileges",
@@ -90,74 +93,111 @@ def test_the_engine_runs_enabled_hardened_and_never_restarted_by_itself(host):
         "DropInPaths",
     )
     assert props["ActiveState"] == "active" and props["SubState"] == "running"
-    assert props["UnitFileState"] == "enabled" and props["NRestarts"] == "0"
+    assert props["UnitFileState"] == "enabled"
     assert props["Restart"] == "on-failure" and props["StartLimitBurst"] == "3"
     assert (props["NoNewPrivileges"], props["ProtectSystem"], props["PrivateTmp"]) == ("yes", "full", "yes")
-    assert props["EnvironmentFiles"].startswith("/etc/uma-vllm/engines/tiny.env ")
-    assert props["Description"] == "vLLM engine tiny (uma.vllm, single node)"
-    assert props["DropInPaths"] == "/etc/systemd/system/uma-vllm@tiny.service.d/10-uma-vllm.conf"
+    assert props["EnvironmentFiles"].startswith("/etc/uma-vllm/engines/tp2.env ")
+    assert props["Description"] == "vLLM engine tp2 (uma.vllm, rank %d of 2, mp, %s)" % (
+        rank, ["serves the API", "headless"][rank])  # fmt: skip
+    assert props["DropInPaths"] == "/etc/systemd/system/uma-vllm@tp2.service.d/10-uma-vllm.conf"
+
+
+def test_each_node_runs_its_own_tensor_parallel_worker(host):
+    rank = NODES.index(_name(host))
+    names = host.check_output("ps -eo comm=").split()
+    assert names.count("VLLM::Worker_TP") == 1, names
+    # setproctitle's full title names the rank
+    assert host.run("pgrep -f '^VLLM::Worker_TP%d$'" % rank).rc == 0
+    assert ("VLLM::EngineCor" in names) == (rank == 0)  # the engine core (scheduler) runs on rank 0 only
 
 
 def test_secret_only_in_the_0600_env_file_and_it_reaches_the_engine(host):
-    env = host.file("/etc/uma-vllm/engines/tiny.env")
+    env = host.file("/etc/uma-vllm/engines/tp2.env")
     assert env.user == "root" and env.mode == 0o600
     assert 'VLLM_API_KEY="%s"' % API_KEY in env.content_string.splitlines()
-    assert API_KEY not in host.file("/etc/uma-vllm/engines/tiny.json").content_string
-    assert API_KEY not in host.check_output("systemctl cat uma-vllm@tiny.service")
-    url = "http://127.0.0.1:8000/v1/models"
+    assert API_KEY not in host.file("/etc/uma-vllm/engines/tp2.json").content_string
+    assert API_KEY not in host.check_output("systemctl cat uma-vllm@tp2.service")
+    if NODES.index(_name(host)) != 0:
+        return  # rank 1 is headless: no API to ask; its key is checked in its file above
+    url = "http://127.0.0.1:8100/v1/models"
     assert host.check_output("curl -s -o /dev/null -w '%%{http_code}' %s" % url) == "401"
     models = json.loads(host.check_output("curl -sf -H 'Authorization: Bearer %s' %s" % (API_KEY, url)))
     assert models["data"][0]["id"] == "/models/tiny-1g"
-    assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8000/health") == "200"
+    assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8100/health") == "200"
 
 
-def test_engine_config_has_the_planned_flags_for_this_host(host):
-    config = _config(host, "tiny")
+def test_the_two_node_engine_answers_a_completion_through_rank_0(host):
+    if NODES.index(_name(host)) != 0:
+        pytest.skip("the API is on rank 0 (cluster-ai1)")
+    body = json.dumps({"model": "/models/tiny-1g", "prompt": "hello", "max_tokens": 4})
+    out = host.check_output(
+        "curl -sf -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' -d '%s' "
+        "http://127.0.0.1:8100/v1/completions" % (API_KEY, body)
+    )
+    answer = json.loads(out)
+    assert answer["usage"]["completion_tokens"] == 4 and answer["choices"][0]["finish_reason"] == "length"
+
+
+def test_engine_config_has_the_planned_flags_and_the_rank_link_for_this_host(host):
+    rank = NODES.index(_name(host))
+    head = _head_addr()
+    config = _config(host, "tp2")
     command = config["command"]
-    assert command[:9] == [*LAB_COMMAND, "--model", "/models/tiny-1g", "--host", "0.0.0.0", "--port", "8000"]
-    flags = dict(zip(command[9:-1:2], command[10:-1:2]))
-    assert flags["--tensor-parallel-size"] == "1" and flags["--max-model-len"] == "512"
-    assert int(flags["--kv-cache-memory-bytes"]) == config["plan"]["kv_cache_bytes"]
+    assert command[:7] == [*LAB_COMMAND, "/models/tiny-1g", "--host", "0.0.0.0", "--port", "8100"]
+    flags = command[7:]
+    assert flags[flags.index("--tensor-parallel-size") + 1] == "2" and flags[flags.index("--max-model-len") + 1] == "512"
+    assert flags[flags.index("--nnodes") + 1] == "2" and flags[flags.index("--node-rank") + 1] == str(rank)
+    assert flags[flags.index("--master-addr") + 1] == head and flags[flags.index("--master-port") + 1] == "29501"
+    assert ("--headless" in flags) == (rank == 1) and "--enforce-eager" in flags
+    assert int(flags[flags.index("--kv-cache-memory-bytes") + 1]) == config["plan"]["kv_cache_bytes"]
     assert config["plan"]["total_memory_bytes"] == 23 * 2**30  # uma_ram_gib from this host's inventory
-    assert config["plan"]["reserve_bytes"] == 4 * 2**30  # uma_reserve_gib
-    assert command[-1] == "--enforce-eager"
-    assert config["env"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
-    assert config["health_url"] == "http://127.0.0.1:8000/health"
+    assert config["cluster"] == {
+        "rank": rank, "nnodes": 2, "head_addr": head, "link_port": 29511, "peer_timeout_s": 300.0, "compare": True,
+    }  # fmt: skip
+    env = config["env"]
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["TORCHDYNAMO_DISABLE"] == "1"
+    assert env["MASTER_ADDR"] == head
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == env["UCX_NET_DEVICES"] == "eth0"
+    me = env["VLLM_HOST_IP"]
+    assert me == host.check_output("hostname -I").split()[0]
+    assert (me == head) == (rank == 0)
+    assert config["health_url"] == ("http://127.0.0.1:8100/health" if rank == 0 else "http://%s:8100/health" % head)
 
 
-def test_the_last_launch_was_healthy_and_logged_under_the_launcher_identifier(host):
-    record = json.loads(host.file("/var/lib/uma-vllm/launches/tiny/latest/launch.json").content_string)
+def test_the_last_launch_met_its_peer_was_healthy_and_watches_its_rank_processes(host):
+    record = json.loads(host.file("/var/lib/uma-vllm/launches/tp2/latest/launch.json").content_string)
     assert record["healthy_at"] is not None and record["exit_code"] is None
-    assert record["argv"] == _config(host, "tiny")["command"]
-    journal = host.check_output("journalctl --no-pager -t vllm-uma-launch -u uma-vllm@tiny.service")
+    assert record["argv"] == _config(host, "tp2")["command"]
+    steps = {step["name"]: step for step in record["steps"]}
+    assert steps["ranks-wait"]["fingerprint"] == _node_fingerprint()
+    assert "ranks-met" in steps and steps["ranks-met"]["t"] < steps["lock-acquired"]["t"]
+    assert "VLLM::Worker_TP" in steps["ranks-watched"]["processes"]
+    journal = host.check_output("journalctl --no-pager -t vllm-uma-launch -u uma-vllm@tp2.service")
     assert "engine-healthy" in journal and "lock-released" in journal
 
 
-def test_multinode_engines_are_installed_but_not_started(host):
-    for engine in ("tp2", "tp2-ray"):
-        props = _show(host, "uma-vllm@%s.service" % engine, "ActiveState", "UnitFileState", "Description")
-        assert props["ActiveState"] == "inactive" and props["UnitFileState"] == "disabled", (engine, props)
-    rank = NODES.index(_name(host))
-    desc = _show(host, "uma-vllm@tp2.service", "Description")["Description"]
-    assert desc == "vLLM engine tp2 (uma.vllm, rank %d of 2, mp, %s)" % (rank, ["serves the API", "headless"][rank])
+def _node_fingerprint():
+    """Both ranks met with the same configuration fingerprint."""
+    prints = set()
+    for node in NODES:
+        raw = subprocess.run(
+            ["docker", "exec", node, "cat", "/var/lib/uma-vllm/launches/tp2/latest/launch.json"],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        prints.add(next(s["fingerprint"] for s in json.loads(raw)["steps"] if s["name"] == "ranks-wait"))
+    assert len(prints) == 1, prints
+    return prints.pop()
 
 
-def test_multinode_configs_per_host(host):
+def test_the_ray_variant_is_installed_but_not_started(host):
+    props = _show(host, "uma-vllm@tp2-ray.service", "ActiveState", "UnitFileState", "Description")
+    assert props["ActiveState"] == "inactive" and props["UnitFileState"] == "disabled", props
     rank = NODES.index(_name(host))
     head = _head_addr()
-    mp = _config(host, "tp2")
-    me = mp["env"]["VLLM_HOST_IP"]
-    if rank == 1:
-        assert me == host.check_output("hostname -I").split()[0] and me != head
-    flags = mp["command"][len(LAB_COMMAND) :]
-    assert flags[flags.index("--nnodes") + 1] == "2" and flags[flags.index("--node-rank") + 1] == str(rank)
-    assert flags[flags.index("--master-addr") + 1] == head and flags[flags.index("--master-port") + 1] == "29501"
-    assert ("--headless" in flags) == (rank == 1)
-    assert mp["env"]["VLLM_HOST_IP"] == me and mp["env"]["MASTER_ADDR"] == head
-    assert mp["env"]["NCCL_SOCKET_IFNAME"] == mp["env"]["GLOO_SOCKET_IFNAME"] == mp["env"]["UCX_NET_DEVICES"] == "eth0"
-    assert mp["health_url"] == ("http://127.0.0.1:8100/health" if rank == 0 else "http://%s:8100/health" % head)
     ray = _config(host, "tp2-ray")
+    me = ray["env"]["VLLM_HOST_IP"]
     assert ray["command"][:2] == ["/bin/sh", "-c"]
+    assert ray["cluster"]["compare"] is False and ray["cluster"]["link_port"] == 29611
     if rank == 0:
         assert ray["command"][2] == 'ray start --head --port=6379 --node-ip-address=%s && exec "$0" "$@"' % me
         assert "--nnodes" not in ray["command"] and ray["command"][-1] == "ray"

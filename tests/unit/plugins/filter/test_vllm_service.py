@@ -74,6 +74,7 @@ def test_host_engines_selects_by_nodes_and_numbers_ranks():
         "backend": "mp",
         "master_port": 29501,
         "ray_port": 6379,
+        "link_port": 29511,
     }
     assert on_ai2[1]["cluster"]["rank"] == 1 and on_ai2[1]["api_rank"] is False
     assert on_ai2[1]["cluster"]["backend"] == "ray"  # the role's default backend
@@ -135,6 +136,24 @@ CHECKS = [
         "is set by the role for multi-node engines",
     ),
     ("absent skips", [engine(name="a"), engine(name="b", state="absent", port=0)], NATIVE, None),
+    (
+        "link port range",
+        [engine(nodes=["ai1", "ai2"], link_port=0, plan={"tensor_parallel_size": 2})],
+        NATIVE,
+        ".link_port = 0 is not a TCP port",
+    ),
+    (
+        "link port = master port",
+        [engine(nodes=["ai1", "ai2"], master_port=29501, link_port=29501, plan={"tensor_parallel_size": 2})],
+        NATIVE,
+        ".link_port = 29501 is also the engine's master_port",
+    ),
+    (
+        "master port = API port",
+        [engine(nodes=["ai1", "ai2"], master_port=8000, plan={"tensor_parallel_size": 2})],
+        NATIVE,
+        ".master_port = 8000 is also the engine's port",
+    ),
 ]
 
 
@@ -319,6 +338,21 @@ def test_mp_worker_keeps_planned_flags_and_waits_for_rank0():
     }
     for name in config["env"]:
         assert config["command"][config["command"].index(name) - 1] == "-e"
+
+
+def test_every_rank_gets_the_rank_link_and_only_mp_ranks_compare_configurations():
+    for host, rank in (("ai1", 0), ("ai2", 1)):
+        e = one(host, nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})
+        config = vs.launch_config(e, plan(MP_TAIL), dict(NATIVE, peer_timeout_s=300), ADDRS)
+        assert config["cluster"] == {
+            "rank": rank, "nnodes": 2, "head_addr": "10.0.0.1", "link_port": 29511, "peer_timeout_s": 300.0,
+            "compare": True,
+        }  # fmt: skip
+    e = one("ai2", nodes=["ai1", "ai2"], backend="ray", link_port=7000, plan={"tensor_parallel_size": 2})
+    config = vs.launch_config(e, plan(MP_TAIL), NATIVE, ADDRS)
+    assert config["cluster"]["link_port"] == 7000 and config["cluster"]["compare"] is False
+    assert config["cluster"]["peer_timeout_s"] == 600.0  # the role's default when the setting is absent
+    assert "cluster" not in vs.launch_config(one("ai1"), plan(), NATIVE, ADDRS)
 
 
 def _fake_ray(tmp_path):
