@@ -52,12 +52,13 @@ KIB = 1 << 10
 RULE = "si_mem_available-v1"
 DEFAULT_WATERMARK_SCALE_FACTOR = 10  # mm/page_alloc.c watermark_scale_factor
 LOWMEM_RESERVE_RATIO = 256  # vm.lowmem_reserve_ratio for ZONE_DMA32 / ZONE_NORMAL
-# What the node's OS, desktop, agents and the engine's own runtime (CUDA context,
-# Python, libraries outside torch's allocator) hold before an engine asks for memory,
-# when the inventory does not say (uma_node_baseline_gib). DGX OS with its desktop idles
-# at 3-4 GiB used; the launcher's admission check compares the plan with the live
-# MemAvailable, so an under-estimate is caught before the weights load.
-DEFAULT_BASELINE_BYTES = 4 * GIB
+# What the node's OS, services and the engine's own runtime outside torch's allocator
+# (CUDA context, Python, libraries) hold before the engine's startup check, when the
+# inventory does not say (uma_node_baseline_gib / node_baseline_gib). An assumption,
+# not a measurement on a Spark: the lab VM idles at 0.6 GiB used. The launcher's
+# admission check compares the plan with the live MemAvailable, so an under-estimate is
+# caught before the weights load.
+DEFAULT_BASELINE_BYTES = 3 * GIB
 RULE_DOC = (
     "MemAvailable at start = total - node baseline - watermark reserve (high + 2 x low watermark + "
     "total/256 lowmem reserve, from vm.min_free_kbytes and vm.watermark_scale_factor; "

@@ -73,7 +73,7 @@ options:
   node_baseline_gib:
     description:
       - Memory the node's OS, services and the engine's runtime outside torch hold before the engine
-        asks for memory (unified memory). Default 4 GiB.
+        asks for memory (unified memory). Default 3 GiB (an assumption; measure your node).
     type: float
   other_engines_gib:
     description:

@@ -108,7 +108,7 @@ def test_default_reserve_fits_the_modelled_memavailable(total_gib, kv_budget):
     # vLLM requests ceil(total x util) free at start: within the modelled MemAvailable
     assert math.ceil(total * budget["gpu_memory_utilization"]) <= expected["available_bytes"]
     assert budget["gpu_memory_utilization"] < 1
-    assert budget["reserve_source"].startswith("derived: node baseline 4.00 GiB (default) + watermark reserve")
+    assert budget["reserve_source"].startswith("derived: node baseline 3.00 GiB (default) + watermark reserve")
     assert "reserve from derived" in result["msg"] and "expected MemAvailable at start" in result["msg"]
 
 
@@ -127,10 +127,10 @@ def test_a_reserve_below_the_kernel_floor_is_refused_with_the_fix():
     msg = err.value.message
     assert "option 'reserve_gib' = 0" in msg
     assert "MemAvailable will be at most" in msg and "totalreserve_pages" in msg
-    assert "Give reserve_gib >= 9.82" in msg
+    assert "Give reserve_gib >= 8.82" in msg
     details = err.value.details
     assert (
-        details["reserve_floor_bytes"] > 9.8 * GIB and details["reserve_needed_bytes"] > details["reserve_floor_bytes"]
+        details["reserve_floor_bytes"] > 8.8 * GIB and details["reserve_needed_bytes"] > details["reserve_floor_bytes"]
     )
 
 
