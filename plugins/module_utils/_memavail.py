@@ -130,7 +130,10 @@ def expected_available(
     marks = watermark_reserve(total_bytes, mfk["min_free_kbytes"], wsf)
     baseline = DEFAULT_BASELINE_BYTES if baseline_bytes is None else int(baseline_bytes)
     available = total_bytes - baseline - marks["reserve_bytes"] - int(other_engines_bytes)
-    at_most = total_bytes - baseline - marks["floor_bytes"] - int(other_engines_bytes)
+    # certain: the kernel's totalreserve_pages, other engines and a baseline the caller gave
+    # (the default baseline is an assumption and never the reason for a refusal)
+    at_most = total_bytes - (baseline if baseline_bytes is not None else 0) - marks["floor_bytes"]
+    at_most -= int(other_engines_bytes)
     return {
         "rule": RULE,
         "description": RULE_DOC,

@@ -911,13 +911,13 @@ def _apply_startup_reserve(ctx: Dict[str, Any]) -> Optional[str]:
             "reserve_gib",
             ctx["params"].get("reserve_gib"),
             "is below what the node always keeps out of MemAvailable at start: MemAvailable will be at most "
-            "%.2f GiB of %.2f GiB (node baseline %.2f GiB + the kernel's totalreserve_pages %.2f GiB [high "
+            "%.2f GiB of %.2f GiB (given node baseline %.2f GiB + the kernel's totalreserve_pages %.2f GiB [high "
             "watermark + lowmem reserve of vm.min_free_kbytes %d, watermark_scale_factor %d] + other engines "
             "%.2f GiB), so a plan using %.2f GiB fails vLLM's startup free-memory check"
             % (
                 gib(model["available_at_most_bytes"]),
                 gib(total),
-                gib(model["baseline_bytes"]),
+                gib(model["baseline_bytes"] if model["baseline_source"] == "given" else 0),
                 gib(model["watermarks"]["floor_bytes"]),
                 model["min_free_kbytes"],
                 model["watermark_scale_factor"],

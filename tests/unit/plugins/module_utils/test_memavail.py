@@ -127,10 +127,10 @@ def test_a_reserve_below_the_kernel_floor_is_refused_with_the_fix():
     msg = err.value.message
     assert "option 'reserve_gib' = 0" in msg
     assert "MemAvailable will be at most" in msg and "totalreserve_pages" in msg
-    assert "Give reserve_gib >= 8.82" in msg
+    assert "Give reserve_gib >= 5.82" in msg
     details = err.value.details
     assert (
-        details["reserve_floor_bytes"] > 8.8 * GIB and details["reserve_needed_bytes"] > details["reserve_floor_bytes"]
+        details["reserve_floor_bytes"] > 5.8 * GIB and details["reserve_needed_bytes"] > details["reserve_floor_bytes"]
     )
 
 
@@ -150,3 +150,11 @@ def test_discrete_and_unsized_plans_keep_reserve_zero():
     assert _plan(total_memory_gib=79.18, unified_memory=False)["budget"]["reserve_bytes"] == 0
     budget = _plan(kv_cache_memory_bytes=2 * GIB)["budget"]
     assert budget["reserve_bytes"] == 0 and budget["expected_available_bytes"] is None
+
+
+def test_a_given_baseline_counts_in_the_floor():
+    # the default baseline is an assumption and never refuses; a given one does
+    assert _plan(total_memory_gib=119.7, reserve_gib=8)["budget"]["reserve_bytes"] == 8 * GIB
+    with pytest.raises(plan_mod.PlanRefused) as err:
+        _plan(total_memory_gib=119.7, reserve_gib=8, node_baseline_gib=4)
+    assert "given node baseline 4.00 GiB" in err.value.message
