@@ -505,13 +505,15 @@ def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, i
     return {"forward": forward, "logits": logits, "cuda_graphs": graphs, "non_torch": non_torch}
 
 
-def default_batching(total_bytes: Optional[int]) -> Tuple[int, int]:
+def default_batching(total_bytes: Optional[int], gb10_small_tier: bool = False) -> Tuple[int, int]:
     """max_num_batched_tokens / max_num_seqs vLLM picks for `vllm serve`
-    (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args, 0.32):
-    >= 160 GiB: 16384 / 1024, >= 70 GiB: 8192 / 1024, else 2048 / 256."""
+    (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args, 0.32; get_batch_defaults 0.33):
+    >= 160 GiB: 16384 / 1024, >= 70 GiB: 8192 / 1024, else 2048 / 256. From 0.33 a GB10
+    (DGX Spark, compute capability 12.1) stays on the small tier: the planner takes a
+    unified-memory node below 160 GiB for one."""
     if total_bytes is not None and total_bytes >= 160 * GIB:
         return 16384, 1024
-    if total_bytes is not None and total_bytes >= 70 * GIB:
+    if total_bytes is not None and total_bytes >= 70 * GIB and not gb10_small_tier:
         return 8192, 1024
     return 2048, 256
 
@@ -756,7 +758,7 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
             "is larger than the model's max_position_embeddings (%d); vLLM refuses it" % max_position,
             "Lower max_model_len or set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model really supports it.",
         )
-    default_mnbt, default_seqs = default_batching(total_bytes)
+    default_mnbt, default_seqs = default_batching(total_bytes, unified and behaviour["gb10_small_batch_tier"])
     max_num_batched_tokens = _opt_int(params, "max_num_batched_tokens", default_mnbt)
     max_num_seqs = _opt_int(params, "max_num_seqs", default_seqs)
     if max_num_batched_tokens < max_num_seqs:
@@ -770,10 +772,19 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
     extra = _extra_args(params, version, warnings)
     # Prefix caching decides the mamba cache mode (MambaModelConfig.verify_and_update_config):
     # on -> 'align' (2 state blocks per request), off -> 'none'.
-    mamba_mode = params.get("mamba_cache_mode") or behaviour["mamba_default_mode"]
-    if params.get("mamba_cache_mode") is None and "--no-enable-prefix-caching" in extra:
+    given_mode = params.get("mamba_cache_mode")
+    if given_mode is not None and behaviour["mamba_mode_follows_prefix_caching"]:
+        warnings.append(
+            "mamba_cache_mode %r is ignored by vLLM %s (--mamba-cache-mode is deprecated there; the mamba "
+            "mode follows prefix caching): planned with the mode prefix caching gives"
+            % (given_mode, versions.vstr(version))
+        )
+        given_mode = None
+    mamba_mode = given_mode or behaviour["mamba_default_mode"]
+    prefix_off = "--no-enable-prefix-caching" in extra or "--disable-prefix-caching" in extra
+    if given_mode is None and prefix_off:
         mamba_mode = "none"
-    elif params.get("mamba_cache_mode") is None and "--enable-prefix-caching" in extra and version >= (0, 15, 0):
+    elif given_mode is None and "--enable-prefix-caching" in extra and version >= (0, 15, 0):
         mamba_mode = "align"
     if mamba_mode not in MAMBA_CACHE_MODES:
         raise UmaError(
