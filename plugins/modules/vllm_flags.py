@@ -313,6 +313,12 @@ budget:
     reserve_bytes:
       description: Memory kept free per node.
       type: int
+    reserve_source:
+      description: Where the reserve came from (derived from the MemAvailable model, or reserve_gib and how it compares).
+      type: str
+    expected_available_bytes:
+      description: Unified memory, the node's modelled MemAvailable at the engine's start.
+      type: int
     gpu_memory_utilization:
       description: The fraction emitted (or given).
       type: float
