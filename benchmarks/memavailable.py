@@ -72,7 +72,7 @@ def measure(mfk_values, wsf_values, repeat: int, settle: float) -> dict:
                 value = own["min_free_kbytes"] if mfk is None else mfk
                 drops, formula_err, formula_drops = [], [], []
                 last = None
-                for _ in range(repeat):
+                for _round in range(repeat):
                     write_knob("watermark_scale_factor", own["watermark_scale_factor"])
                     write_knob("min_free_kbytes", own["min_free_kbytes"])
                     before = settle_and_sample(settle)

@@ -25,7 +25,7 @@ LLAMA8B = json.loads((FIX / "models" / "llama-3-8b" / "config.json").read_text()
 def _meminfo(text):
     out = {}
     for line in text.splitlines():
-        key, _, rest = line.partition(":")
+        key, _sep, rest = line.partition(":")
         out[key] = int(rest.split()[0]) * 1024
     return out
 
