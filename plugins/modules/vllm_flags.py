@@ -314,7 +314,7 @@ budget:
       description: Memory kept free per node.
       type: int
     reserve_source:
-      description: Where the reserve came from (derived from the MemAvailable model, or reserve_gib and how it compares).
+      description: Where the reserve came from (derived from the MemAvailable model, or reserve_gib vs that model).
       type: str
     expected_available_bytes:
       description: Unified memory, the node's modelled MemAvailable at the engine's start.
