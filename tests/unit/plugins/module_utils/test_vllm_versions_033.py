@@ -20,10 +20,10 @@ V32, V33 = (0, 32, 0), (0, 33, 0)
 @pytest.mark.parametrize(
     "flag, in_032, in_033",
     [
-        ("--no-enable-prefix-caching", True, False),
+        ("--no-enable-prefix-caching", True, True),  # hidden in 0.33, still parsed
         ("--disable-prefix-caching", False, True),
         ("--enable-prefix-caching", True, True),
-        ("--no-enable-chunked-prefill", True, False),
+        ("--no-enable-chunked-prefill", True, True),
         ("--disable-chunked-prefill", False, True),
         ("--disable-log-requests", False, True),  # gone in 0.17, back in 0.33 as --enable-log-requests' pair
         ("--enable-hybrid-kv-cache-manager", False, True),
@@ -57,8 +57,8 @@ def test_033_is_known_and_extra_args_follow_it():
     result = plan_mod.plan(params)
     assert not any("newer than the newest" in w for w in result["warnings"])
     with pytest.raises(UmaError) as err:
-        plan_mod.plan(dict(params, extra_args=["--no-enable-prefix-caching"]))
-    assert "rejected by vLLM 0.33.0" in err.value.message
+        plan_mod.plan(dict(params, vllm_version="0.32.0", extra_args=["--disable-prefix-caching"]))
+    assert "rejected by vLLM 0.32.0" in err.value.message
 
 
 def test_gb10_keeps_the_small_batch_tier_from_033():
