@@ -27,6 +27,7 @@ MIB = 1024**2
 
 # Class ids, in the order a report lists them and ties are broken.
 CLASSES = (
+    "admission_refused",
     "profiling_race",
     "page_cache_starvation",
     "startup_oom",
@@ -37,6 +38,7 @@ CLASSES = (
 )
 
 TITLES = {
+    "admission_refused": "Start refused at admission: the node had not the memory the plan's start needs",
     "startup_oom": "Startup OOM: weights + KV cache over the memory budget",
     "page_cache_starvation": "UMA page-cache starvation at load",
     "profiling_race": "Concurrent-start memory-profiling race",
@@ -897,6 +899,42 @@ def rule_page_cache_starvation(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"confidence": conf, "evidence": lines, "fix": _starvation_fix(f), "detail": {"cache_bytes": cache_bytes}}
 
 
+def rule_admission_refused(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The launcher refused the start before the engine ran (uma_launch.py admit(), exit 75):
+    MemAvailable stayed below the plan's startup request."""
+    launch = f["launch"] or {}
+    adm = launch.get("admission")
+    if not isinstance(adm, dict) or adm.get("admitted") is not False:
+        return None
+    short = int(adm.get("short_bytes") or 0)
+    need = int(adm.get("need_bytes") or 0)
+    avail = int(adm.get("mem_available_bytes") or 0)
+    evidence = [
+        "launch.json: admission refused (exit %s): MemAvailable %s below the startup request %s (%s), short by %s "
+        "after evicting the model's cache and waiting %s s"
+        % (
+            launch.get("exit_code"),
+            fmt_bytes(avail),
+            fmt_bytes(need),
+            adm.get("need_source", "plan"),
+            fmt_bytes(short),
+            adm.get("waited_s"),
+        )
+    ]
+    fix = [
+        "Free %s on the node before the start: stop another engine or process holding memory "
+        "(the launch lock already serialises engine loads)." % fmt_bytes(short),
+        "Or re-plan this engine smaller with uma.vllm.vllm_flags (lower max_model_len / max_num_seqs, or "
+        "kv_cache_dtype fp8) so its startup request fits what the node has.",
+    ]
+    return {
+        "confidence": 0.95,
+        "evidence": evidence,
+        "fix": fix,
+        "detail": {"need_bytes": need, "mem_available_bytes": avail, "short_bytes": short},
+    }
+
+
 def rule_startup_oom(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     # The profiling assertion is the race's, not the budget's.
     failures = [e for e in _startup_failure(f) if e["kind"] != "profiling_error"]
@@ -1162,6 +1200,7 @@ def rule_prefix_cache_pressure(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 # The rule table: class id -> rule. Each rule returns None or a finding with
 # confidence (0-1), the evidence lines that decided it and the fix.
 RULES: List[Tuple[str, Callable[[Dict[str, Any]], Optional[Dict[str, Any]]]]] = [
+    ("admission_refused", rule_admission_refused),
     ("profiling_race", rule_profiling_race),
     ("page_cache_starvation", rule_page_cache_starvation),
     ("startup_oom", rule_startup_oom),

@@ -27,6 +27,7 @@ try:
         read_meminfo,
         read_text,
     )
+    from ansible_collections.uma.vllm.plugins.module_utils._memavail import watermark_reserve
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
         UmaError,
@@ -38,6 +39,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         read_meminfo,
         read_text,
     )
+    from _memavail import watermark_reserve  # type: ignore[no-redef]
 
 GIB = 1024**3
 MIB = 1024**2
@@ -101,7 +103,15 @@ def size_min_free_kbytes(ram_bytes: int) -> Dict[str, Any]:
         "ceiling_kbytes": ceiling // 1024,
         "kernel_default_kbytes": kernel_default,
         "min_free_kbytes": bounded // 1024,
+        # what this value takes out of MemAvailable (the rule vllm_flags plans with)
+        "memavailable_reserve_bytes": memavailable_cost(ram_bytes, bounded // 1024),
     }
+
+
+def memavailable_cost(ram_bytes: int, min_free_kbytes: int) -> int:
+    """Bytes a node of ``ram_bytes`` loses from MemAvailable with this min_free_kbytes
+    (_memavail.watermark_reserve, kernel si_mem_available; default watermark_scale_factor)."""
+    return watermark_reserve(ram_bytes, min_free_kbytes)["reserve_bytes"]
 
 
 @dataclass
@@ -234,6 +244,7 @@ def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, An
             raise UmaError("min_free_kbytes", request.min_free_kbytes, "is zero", fix)
         sizing["rule"] = "explicit"
         sizing["min_free_kbytes"] = min_free
+        sizing["memavailable_reserve_bytes"] = memavailable_cost(ram_bytes, min_free)
     else:
         min_free = sizing["min_free_kbytes"]
 

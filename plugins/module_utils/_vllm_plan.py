@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ansible_collections.uma.vllm.plugins.module_utils import _memavail
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_model as model_mod
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_versions as versions
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, require_int
@@ -504,13 +505,15 @@ def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, i
     return {"forward": forward, "logits": logits, "cuda_graphs": graphs, "non_torch": non_torch}
 
 
-def default_batching(total_bytes: Optional[int]) -> Tuple[int, int]:
+def default_batching(total_bytes: Optional[int], gb10_small_tier: bool = False) -> Tuple[int, int]:
     """max_num_batched_tokens / max_num_seqs vLLM picks for `vllm serve`
-    (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args, 0.32):
-    >= 160 GiB: 16384 / 1024, >= 70 GiB: 8192 / 1024, else 2048 / 256."""
+    (EngineArgs._set_default_max_num_seqs_and_batched_tokens_args, 0.32; get_batch_defaults 0.33):
+    >= 160 GiB: 16384 / 1024, >= 70 GiB: 8192 / 1024, else 2048 / 256. From 0.33 a GB10
+    (DGX Spark, compute capability 12.1) stays on the small tier: the planner takes a
+    unified-memory node below 160 GiB for one."""
     if total_bytes is not None and total_bytes >= 160 * GIB:
         return 16384, 1024
-    if total_bytes is not None and total_bytes >= 70 * GIB:
+    if total_bytes is not None and total_bytes >= 70 * GIB and not gb10_small_tier:
         return 8192, 1024
     return 2048, 256
 
@@ -733,6 +736,9 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
     reserve_gib = _opt_float(params, "reserve_gib")
     reserve_bytes = int((reserve_gib or 0.0) * GIB)
     unified = _bool(params, "unified_memory", True)
+    startup = None
+    if unified and total_bytes is not None:
+        startup = _startup_model(params, total_bytes)
 
     max_position = desc["max_position_embeddings"]
     max_model_len = _opt_int(params, "max_model_len", None)
@@ -752,7 +758,7 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
             "is larger than the model's max_position_embeddings (%d); vLLM refuses it" % max_position,
             "Lower max_model_len or set env VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 if the model really supports it.",
         )
-    default_mnbt, default_seqs = default_batching(total_bytes)
+    default_mnbt, default_seqs = default_batching(total_bytes, unified and behaviour["gb10_small_batch_tier"])
     max_num_batched_tokens = _opt_int(params, "max_num_batched_tokens", default_mnbt)
     max_num_seqs = _opt_int(params, "max_num_seqs", default_seqs)
     if max_num_batched_tokens < max_num_seqs:
@@ -766,10 +772,19 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
     extra = _extra_args(params, version, warnings)
     # Prefix caching decides the mamba cache mode (MambaModelConfig.verify_and_update_config):
     # on -> 'align' (2 state blocks per request), off -> 'none'.
-    mamba_mode = params.get("mamba_cache_mode") or behaviour["mamba_default_mode"]
-    if params.get("mamba_cache_mode") is None and "--no-enable-prefix-caching" in extra:
+    given_mode = params.get("mamba_cache_mode")
+    if given_mode is not None and behaviour["mamba_mode_follows_prefix_caching"]:
+        warnings.append(
+            "mamba_cache_mode %r is ignored by vLLM %s (--mamba-cache-mode is deprecated there; the mamba "
+            "mode follows prefix caching): planned with the mode prefix caching gives"
+            % (given_mode, versions.vstr(version))
+        )
+        given_mode = None
+    mamba_mode = given_mode or behaviour["mamba_default_mode"]
+    prefix_off = "--no-enable-prefix-caching" in extra or "--disable-prefix-caching" in extra
+    if given_mode is None and prefix_off:
         mamba_mode = "none"
-    elif params.get("mamba_cache_mode") is None and "--enable-prefix-caching" in extra and version >= (0, 15, 0):
+    elif given_mode is None and "--enable-prefix-caching" in extra and version >= (0, 15, 0):
         mamba_mode = "align"
     if mamba_mode not in MAMBA_CACHE_MODES:
         raise UmaError(
@@ -840,6 +855,8 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
         "enforce_eager": enforce_eager,
         "total_bytes": total_bytes,
         "reserve_bytes": reserve_bytes,
+        "reserve_given": reserve_gib is not None,
+        "startup": startup,
         "unified": unified,
         "kv_cache_memory_bytes": kv_cache_memory_bytes,
         "gmu": gmu,
@@ -854,6 +871,91 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
         "params": params,
     }
     return {"desc": desc, "ctx": ctx}
+
+
+def _startup_model(params: Dict[str, Any], total_bytes: int) -> Dict[str, Any]:
+    """Expected MemAvailable when the engine starts on a unified-memory node
+    (_memavail.expected_available: the rule uma_sysctl sizes the reserve with)."""
+    mfk = _opt_int(params, "min_free_kbytes", None, minimum=1)
+    wsf = _opt_int(params, "watermark_scale_factor", None, minimum=1)
+    baseline = _opt_float(params, "node_baseline_gib")
+    others = _opt_float(params, "other_engines_gib")
+    model = _memavail.expected_available(
+        total_bytes,
+        min_free_kbytes=mfk,
+        scale_factor=wsf,
+        baseline_bytes=None if baseline is None else int(baseline * GIB),
+        other_engines_bytes=int((others or 0.0) * GIB),
+    )
+    model["reserve_bytes"] = total_bytes - model["available_bytes"]
+    model["text"] = (
+        "node baseline %.2f GiB (%s) + watermark reserve %.2f GiB (vm.min_free_kbytes %d from %s, "
+        "watermark_scale_factor %d; kernel si_mem_available) + other engines %.2f GiB"
+        % (
+            gib(model["baseline_bytes"]),
+            "node_baseline_gib" if model["baseline_source"] == "given" else "default",
+            gib(model["watermark_reserve_bytes"]),
+            model["min_free_kbytes"],
+            model["min_free_kbytes_source"],
+            model["watermark_scale_factor"],
+            gib(model["other_engines_bytes"]),
+        )
+    )
+    return model
+
+
+def _apply_startup_reserve(ctx: Dict[str, Any]) -> Optional[str]:
+    """Unified memory: the reserve must cover what the node keeps out of MemAvailable
+    at start. Without reserve_gib it is derived; a given one below it is refused.
+    Returns where the reserve came from."""
+    model = ctx["startup"]
+    if model is None:
+        return "reserve_gib" if ctx["reserve_given"] else None
+    needed = model["reserve_bytes"]
+    if not ctx["reserve_given"]:
+        ctx["reserve_bytes"] = needed
+        return "derived: " + model["text"]
+    floor = ctx["total_bytes"] - model["available_at_most_bytes"]
+    if ctx["reserve_bytes"] < floor:
+        total = ctx["total_bytes"]
+        raise PlanRefused(
+            "reserve_gib",
+            ctx["params"].get("reserve_gib"),
+            "is below what the node always keeps out of MemAvailable at start: MemAvailable will be at most "
+            "%.2f GiB of %.2f GiB (given node baseline %.2f GiB + the kernel's totalreserve_pages %.2f GiB [high "
+            "watermark + lowmem reserve of vm.min_free_kbytes %d, watermark_scale_factor %d] + other engines "
+            "%.2f GiB), so a plan using %.2f GiB fails vLLM's startup free-memory check"
+            % (
+                gib(model["available_at_most_bytes"]),
+                gib(total),
+                gib(model["baseline_bytes"] if model["baseline_source"] == "given" else 0),
+                gib(model["watermarks"]["floor_bytes"]),
+                model["min_free_kbytes"],
+                model["watermark_scale_factor"],
+                gib(model["other_engines_bytes"]),
+                gib(total - ctx["reserve_bytes"]),
+            ),
+            "Give reserve_gib >= %.2f (omit it and the planner derives %.2f with the page-cache and slab "
+            "watermark terms); if the node really keeps less, give its min_free_kbytes / "
+            "watermark_scale_factor / node_baseline_gib."
+            % (math.ceil(gib(floor) * 100) / 100.0, math.ceil(gib(needed) * 100) / 100.0),
+            {
+                "reserve_bytes": ctx["reserve_bytes"],
+                "reserve_floor_bytes": floor,
+                "reserve_needed_bytes": needed,
+                "expected_available_bytes": model["available_bytes"],
+                "startup_model": {k: v for k, v in model.items() if k not in ("description", "text")},
+            },
+        )
+    if ctx["reserve_bytes"] < needed:
+        ctx["warnings"].append(
+            "reserve_gib %.2f is below the modelled %.2f GiB (%s): vLLM's startup check passes only while the page "
+            "cache and reclaimable slab stay below twice the low watermark (%.2f GiB); the launcher's admission "
+            "check compares the real MemAvailable"
+            % (gib(ctx["reserve_bytes"]), gib(needed), model["text"], gib(2 * model["watermarks"]["low_bytes"]))
+        )
+        return "reserve_gib (below the modelled %.2f GiB, above the %.2f GiB floor)" % (gib(needed), gib(floor))
+    return "reserve_gib (covers the modelled %.2f GiB: %s)" % (gib(needed), model["text"])
 
 
 def plan(params: Dict[str, Any]) -> Dict[str, Any]:
@@ -883,6 +985,7 @@ def plan(params: Dict[str, Any]) -> Dict[str, Any]:
     else:
         act = activation_reserve(desc, ctx)
     act_bytes = sum(act.values())
+    reserve_source = _apply_startup_reserve(ctx)
     reserve = ctx["reserve_bytes"]
     total = ctx["total_bytes"]
     unified = ctx["unified"]
@@ -925,6 +1028,8 @@ def plan(params: Dict[str, Any]) -> Dict[str, Any]:
         "activation_reserve_bytes": act_bytes,
         "activation_parts": act,
         "reserve_bytes": reserve,
+        "reserve_source": reserve_source,
+        "expected_available_bytes": ctx["startup"]["available_bytes"] if ctx["startup"] else None,
         "total_memory_bytes": total,
         "ranks_per_node": ranks,
         "kv_budget_source": kv_source,
@@ -1231,6 +1336,7 @@ def budget_table(budget: Dict[str, Any], ctx: Dict[str, Any], desc: Dict[str, An
         ),
         row("total memory per node", budget["total_memory_bytes"]),
         row("reserve (OS, page cache, min_free)", budget["reserve_bytes"]),
+        row("expected MemAvailable at start", budget.get("expected_available_bytes")),
         row("weights per rank", budget["weights_per_rank_bytes"]),
         row("activation + graphs reserve", budget["activation_reserve_bytes"]),
         row("KV cache per rank", budget["kv_cache_bytes"]),
@@ -1257,6 +1363,8 @@ def budget_table(budget: Dict[str, Any], ctx: Dict[str, Any], desc: Dict[str, An
                 " (MemAvailable on unified memory)" if ctx["unified"] else "",
             )
         )
+    if budget.get("reserve_source"):
+        lines.append("  reserve from %s" % budget["reserve_source"])
     if ctx["unified"]:
         lines.append("  unified memory: KV budget pinned with --kv-cache-memory-bytes; reserve stays free for the OS")
     return "\n".join(lines)

@@ -19,6 +19,12 @@ In order, each step logged with its timing:
    no ``sync``: the shards are read, not written, and a node-wide sync can
    block for seconds behind other writers), or ``sync`` and drop the whole
    cache (``pre_evict: drop``, the published behaviour);
+   then admission: ``MemAvailable`` must cover the plan's startup request
+   (``plan.requested_memory_bytes`` x ranks on the node: what vLLM's startup
+   check will ask for); short, the model's files are evicted again and the
+   launcher waits up to ``admission_wait_s`` for memory a stopping engine or
+   another load still holds; still short, it refuses with the numbers (exit 75,
+   ``admission`` in launch.json) before any weight is read;
 3. optionally open a readahead window on the model's device(s), recorded
    where the node's boot unit restores it should the node go down mid-load;
 4. start the guard (``uma_guard.py``, default mode from the benchmark) as its
@@ -62,12 +68,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _ranks, uma_guard
-    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, read_json
+    from ansible_collections.uma.vllm.plugins.module_utils._common import (
+        UmaError,
+        atomic_write_json,
+        read_json,
+        read_meminfo,
+    )
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
-    from _common import UmaError, atomic_write_json, read_json  # type: ignore[no-redef]
+    from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
 
 PROG = "vllm-uma-launch"
 NODE_CONFIG = "/etc/uma-vllm/launch.json"
@@ -75,7 +86,10 @@ EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
 EXIT_PEER = 69  # EX_UNAVAILABLE: a rank or rank process of this engine failed; systemd restarts it
+# EX_TEMPFAIL, like a lock timeout: the node has not the memory the plan's start needs now
+EXIT_ADMISSION = 75
 GUARD_READY_TIMEOUT_S = 10.0
+GIB_F = float(1 << 30)
 
 DEFAULTS: Dict[str, Any] = {
     "engine": None,
@@ -102,6 +116,10 @@ DEFAULTS: Dict[str, Any] = {
     "plan": None,
     "cluster": None,  # a rank of a multi-node engine: rank, nnodes, head_addr, link_port (see _ranks.py)
     "watch_ranks": True,  # once healthy, a dead VLLM:: process of this engine is a failure
+    # admission: MemAvailable >= the plan's startup request (budget requested_memory_bytes) before the engine
+    "admission": True,
+    "admission_request_bytes": None,  # default: plan.requested_memory_bytes x plan.ranks_per_node
+    "admission_wait_s": 60.0,
     "proc_root": "/proc",
     "sysfs_root": "/sys",
 }
@@ -161,6 +179,16 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
         raise UmaError(
             "readahead_kb", ra, "needs model_path to find the device", "Give model_path or drop readahead_kb."
         )
+    wait = config.get("admission_wait_s")
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+        raise UmaError("admission_wait_s", wait, "must be a number of seconds >= 0", "Give e.g. 60, or 0 not to wait.")
+    need = config.get("admission_request_bytes")
+    if need is not None and (isinstance(need, bool) or not isinstance(need, int) or need <= 0):
+        raise UmaError(
+            "admission_request_bytes", need, "must be a whole number of bytes > 0", "Give e.g. 34359738368, or null."
+        )
+    if not isinstance(config.get("admission"), bool):
+        raise UmaError("admission", config.get("admission"), "is not a boolean", "Give true or false.")
     if not isinstance(config.get("env"), dict):
         raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
@@ -184,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-timeout", type=float, dest="lock_timeout_s")
     p.add_argument("--health-timeout", type=float, dest="health_timeout_s")
     p.add_argument("--state-dir")
+    p.add_argument("--admission-request-bytes", type=int, help="MemAvailable the start needs (default: the plan's)")
+    p.add_argument("--admission-wait", type=float, dest="admission_wait_s", help="seconds to wait for it")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV (when not in --config)")
     return p
 
@@ -209,6 +239,8 @@ def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         "lock_timeout_s": ns.lock_timeout_s,
         "health_timeout_s": ns.health_timeout_s,
         "state_dir": ns.state_dir,
+        "admission_request_bytes": ns.admission_request_bytes,
+        "admission_wait_s": ns.admission_wait_s,
         "command": command or None,
     }
     return validate(merge_config(node if isinstance(node, dict) else None, engine_file, cli))
@@ -488,6 +520,78 @@ class Launch:
         else:
             self.log.step("pre-evict", duration=time.monotonic() - started, mode="none")
 
+    def admission_need(self) -> Tuple[Optional[int], str]:
+        """Bytes the engine's start needs free, and from what: the config's
+        admission_request_bytes, else the plan's startup request (what vLLM's startup check
+        compares with MemAvailable: ceil(total x gpu_memory_utilization)) for every rank on
+        the node."""
+        given = self.config.get("admission_request_bytes")
+        if given:
+            return int(given), "admission_request_bytes"
+        plan = self.config.get("plan") or {}
+        request = plan.get("requested_memory_bytes") if isinstance(plan, dict) else None
+        if isinstance(request, (int, float)) and not isinstance(request, bool) and request > 0:
+            ranks = plan.get("ranks_per_node") or 1
+            ranks = ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else 1
+            return int(request) * ranks, "plan requested_memory_bytes x %d rank(s)" % ranks
+        return None, "no startup request in the plan"
+
+    def mem_available(self) -> int:
+        return int(read_meminfo(self.config["proc_root"]).get("MemAvailable", 0))
+
+    def admit(self, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """Before the engine starts: MemAvailable must cover the plan's startup request.
+        Short: evict the model's files again, then wait (bounded) for memory another load or
+        a stopping engine still holds; still short: refuse with the numbers."""
+        started = time.monotonic()
+        need, source = self.admission_need()
+        if not self.config["admission"] or need is None:
+            self.log.step("admission", checked=False, reason="off" if not self.config["admission"] else source)
+            return True
+        available = self.mem_available()
+        first = available
+        evicted = 0
+        waited = 0.0
+        if available < need and self.files():
+            evicted = evict_files(self.files())
+            available = self.mem_available()
+        deadline = started + float(self.config["admission_wait_s"])
+        said = started
+        while available < need and time.monotonic() < deadline and self.stop_signal is None:
+            if time.monotonic() - said >= 10.0:
+                said = time.monotonic()
+                self.log.line(
+                    "admission: MemAvailable %.2f GiB < startup request %.2f GiB; waiting up to %ss"
+                    % (available / GIB_F, need / GIB_F, _fmt(self.config["admission_wait_s"]))
+                )
+            sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+            available = self.mem_available()
+        waited = time.monotonic() - started
+        admission = {
+            "need_bytes": need,
+            "need_source": source,
+            "mem_available_bytes": available,
+            "mem_available_first_bytes": first,
+            "short_bytes": max(0, need - available),
+            "evicted_bytes": evicted,
+            "waited_s": round(waited, 3),
+            "admitted": available >= need,
+        }
+        self.record["admission"] = admission
+        if available >= need:
+            self.log.step("admission", duration=waited, mem_available=available, need=need, waited=round(waited, 3))
+            return True
+        reason = (
+            "MemAvailable %.2f GiB is below the plan's startup request %.2f GiB (%s): short by %.2f GiB after "
+            "evicting the model's cache and waiting %.0f s. Fix: free %.2f GiB on the node (stop another engine "
+            "or process), or re-plan with less memory (uma.vllm.vllm_flags: lower max_model_len / max_num_seqs, "
+            "a larger reserve_gib)"
+            % (available / GIB_F, need / GIB_F, source, (need - available) / GIB_F, waited, (need - available) / GIB_F)
+        )
+        admission["reason"] = reason
+        self.log.step("admission-refused", duration=waited, mem_available=available, need=need, reason=reason)
+        return False
+
     def open_readahead(self) -> None:
         kb = self.config.get("readahead_kb")
         if kb is None:
@@ -763,6 +867,11 @@ class Launch:
                 self.record["exit_code"] = 128 + self.stop_signal
                 return 128 + self.stop_signal
             self.pre_evict()
+            if not self.admit():
+                self.failure = ("admission refused on this node (MemAvailable below the plan's start)", EXIT_ADMISSION)
+                self.record["failed_at"] = self.log.elapsed()
+                self.record["exit_code"] = EXIT_ADMISSION
+                return EXIT_ADMISSION
             self.open_readahead()
             self.start_guard()
             self.start_engine()

@@ -56,8 +56,29 @@ options:
   reserve_gib:
     description:
       - Memory to keep free on the node in GiB (OS, page cache, vm.min_free_kbytes, other engines).
+      - "Unified memory with O(total_memory_gib): when not given it is derived from the node's expected
+        C(MemAvailable) at start (O(node_baseline_gib) + the watermark reserve of O(min_free_kbytes) and
+        O(watermark_scale_factor), as the kernel's C(si_mem_available) computes it + O(other_engines_gib));
+        a given value below that is refused with the numbers."
+      - Without O(total_memory_gib) or on discrete GPUs it defaults to 0.
     type: float
-    default: 0
+  min_free_kbytes:
+    description:
+      - The node's C(vm.min_free_kbytes) at the engine's start (unified memory).
+      - Defaults to what M(uma.vllm.uma_sysctl) sizes for O(total_memory_gib) (the node_prep role applies it).
+    type: int
+  watermark_scale_factor:
+    description: The node's C(vm.watermark_scale_factor) (kernel default 10).
+    type: int
+  node_baseline_gib:
+    description:
+      - Memory the node's OS, services and the engine's runtime outside torch hold before the engine
+        asks for memory (unified memory). Default 3 GiB (an assumption; measure your node).
+    type: float
+  other_engines_gib:
+    description:
+      - Memory other engines on the node hold when this one starts (unified memory). Default 0.
+    type: float
   unified_memory:
     description:
       - Whether CPU and GPU share the memory. Unified memory the KV cache is pinned with C(--kv-cache-memory-bytes).
@@ -292,6 +313,12 @@ budget:
     reserve_bytes:
       description: Memory kept free per node.
       type: int
+    reserve_source:
+      description: Where the reserve came from (derived from the MemAvailable model, or reserve_gib vs that model).
+      type: str
+    expected_available_bytes:
+      description: Unified memory, the node's modelled MemAvailable at the engine's start.
+      type: int
     gpu_memory_utilization:
       description: The fraction emitted (or given).
       type: float
@@ -333,7 +360,11 @@ ARGUMENT_SPEC = dict(
     model=dict(type="str"),
     weights_bytes=dict(type="int"),
     total_memory_gib=dict(type="float"),
-    reserve_gib=dict(type="float", default=0.0),
+    reserve_gib=dict(type="float"),
+    min_free_kbytes=dict(type="int"),
+    watermark_scale_factor=dict(type="int"),
+    node_baseline_gib=dict(type="float"),
+    other_engines_gib=dict(type="float"),
     unified_memory=dict(type="bool", default=True),
     tensor_parallel_size=dict(type="int", default=1),
     pipeline_parallel_size=dict(type="int", default=1),

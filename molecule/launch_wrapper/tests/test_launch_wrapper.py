@@ -31,6 +31,9 @@ def test_healthy_launch_record(host):
     assert rec["guard_status"]["state"] == "stopped" and rec["guard_status"]["stop_reason"] == "signal"
     assert rec["page_cache_peak_mib"] is not None
     assert rec["plan"]["kv_tokens"] > 0
+    # admission: the plan's startup request was checked against the live MemAvailable
+    assert rec["admission"]["admitted"] is True
+    assert rec["admission"]["need_bytes"] == rec["plan"]["requested_memory_bytes"] * rec["plan"]["ranks_per_node"]
     names = [s["name"] for s in rec["steps"]]
     for earlier, later in [("lock-acquired", "engine-started"), ("engine-healthy", "guard-stopped"),
                            ("guard-stopped", "post-evict"), ("post-evict", "lock-released")]:  # fmt: skip
@@ -71,3 +74,14 @@ def test_three_simultaneous_engines_started_one_after_another(host):
     waits = host.file("/var/lib/uma-vllm/lw-waits.txt").content_string
     assert "waiting for the launch lock /run/uma-vllm/launch.lock held by engine" in waits
     assert len(waits.strip().splitlines()) >= 2  # two engines waited
+
+
+def test_admission_refused_next_to_a_memory_hog(host):
+    rec = record(host, "h")
+    adm = rec["admission"]
+    assert rec["exit_code"] == 75 and adm["admitted"] is False
+    assert adm["mem_available_bytes"] < adm["need_bytes"] and adm["short_bytes"] > 0
+    assert "Fix: free" in adm["reason"]
+    names = [s["name"] for s in rec["steps"]]
+    assert "admission-refused" in names and "engine-started" not in names
+    assert rec["failed_at"] < 30

@@ -52,7 +52,9 @@ def test_matrix_case(case):
     assert int(value("--max-model-len")) == params["max_model_len"]
     assert int(value("--tensor-parallel-size")) == params.get("tensor_parallel_size", 1)
     total = int(params["total_memory_gib"] * GIB)
-    reserve = int(params.get("reserve_gib", 0) * GIB)
+    reserve = budget["reserve_bytes"]
+    if "reserve_gib" in params:
+        assert reserve == int(params["reserve_gib"] * GIB)
     gmu = float(value("--gpu-memory-utilization"))
     requested = math.ceil(total * gmu)
     footprint = budget["weights_per_rank_bytes"] + budget["activation_reserve_bytes"] + budget["kv_cache_bytes"]
@@ -62,6 +64,10 @@ def test_matrix_case(case):
         assert requested + reserve <= total
         assert requested >= footprint - total // 1000  # util is rounded to 0.001
         assert budget["free_after_plan_bytes"] >= reserve
+        if "reserve_gib" not in params:
+            # derived reserve: every rank's startup request fits the modelled MemAvailable
+            assert budget["ranks_per_node"] * requested <= budget["expected_available_bytes"]
+            assert budget["reserve_source"].startswith("derived: node baseline")
         assert any("unified memory" in w for w in result["warnings"])
     else:
         assert "--kv-cache-memory-bytes" not in planned or "kv_cache_memory_bytes" in params
