@@ -507,30 +507,6 @@ def config_state(
     return {"fingerprints": fingerprints, "written": written, "unit_changed": bool((unit or {}).get("changed"))}
 
 
-def node_fit(results: List[Dict[str, Any]], hostname: str) -> List[str]:
-    """The started engines of a node together: each plan alone fits, the sum must too.
-    Returns [] or one message with the numbers and the fix."""
-    started = [r for r in results if r["item"].get("state") == "started"]
-    if len(started) < 2:
-        return []
-    gib = float(1 << 30)
-    total = max(int(r["budget"]["total_memory_bytes"]) for r in started)
-    reserve = max(int(r["budget"]["reserve_bytes"]) for r in started)
-    parts = []
-    need = reserve
-    for r in started:
-        footprint = int(r["budget"]["total_memory_bytes"]) - int(r["budget"]["free_after_plan_bytes"])
-        need += footprint
-        parts.append("%s %.2f GiB" % (r["item"]["name"], footprint / gib))
-    if need <= total:
-        return []
-    return [
-        "%s: the started engines need %.2f GiB together (%s, plus the %.2f GiB reserve) but the node has %.2f GiB. "
-        "Fix: lower max_model_len/max_num_seqs, set an engine's state to stopped or move it to another node."
-        % (hostname, need / gib, ", ".join(parts), reserve / gib, total / gib)
-    ]
-
-
 def role_text(engine: Dict[str, Any]) -> str:
     cluster = engine.get("cluster")
     if not cluster:
@@ -649,7 +625,6 @@ class FilterModule:
             "vllm_service_head_addrs": head_addrs,
             "vllm_service_peers_changed": peers_changed,
             "vllm_service_config_state": config_state,
-            "vllm_service_node_fit": node_fit,
             "vllm_service_images": images,
             "vllm_service_unit_states": unit_states,
             "vllm_service_status_entry": status_entry,

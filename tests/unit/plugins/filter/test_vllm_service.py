@@ -501,26 +501,6 @@ def test_head_addrs_prefer_what_the_head_found():
     assert vs.head_addrs(mine, {}) == {"ai1": None}
 
 
-def _budget(name, state, total_gib, free_gib, reserve_gib=4):
-    g = 1 << 30
-    return {
-        "item": {"name": name, "state": state},
-        "budget": {
-            "total_memory_bytes": int(total_gib * g),
-            "free_after_plan_bytes": int(free_gib * g),
-            "reserve_bytes": int(reserve_gib * g),
-        },
-    }
-
-
-def test_node_fit_sums_the_started_engines():
-    fits = [_budget("a", "started", 20, 14), _budget("b", "started", 20, 14), _budget("c", "stopped", 20, 1)]
-    assert vs.node_fit(fits, "ai1") == []
-    (msg,) = vs.node_fit([_budget("a", "started", 20, 12), _budget("b", "started", 20, 11)], "ai1")
-    assert "need 21.00 GiB together (a 8.00 GiB, b 9.00 GiB, plus the 4.00 GiB reserve)" in msg and "20.00 GiB" in msg
-    assert vs.node_fit([_budget("a", "started", 20, 1)], "ai1") == []  # one engine: the planner already checked
-
-
 def test_unit_states():
     out = (
         "Id=uma-vllm@a.service\nActiveState=active\nUnitFileState=enabled\n\n"
