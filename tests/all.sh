@@ -14,12 +14,30 @@ stages=("$@")
 [ "${#stages[@]}" -gt 0 ] || stages=(setup static unit integration molecule)
 log() { printf '\n[tests] ==== %s\n' "$*" >&2; }
 declare -a timings=()
+declare -i total_passed=0 total_failed=0
+logs=$(mktemp -d)
+# A stage that runs tests must have run some: its pytest/testinfra summary lines
+# ("N passed, M failed ... in Xs") are summed into the run's closing line.
+counts() {
+  grep -E '^[= ]*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)(, [0-9]+ [a-z]+)* in [0-9.]+s' "$1" || true
+}
 run_stage() {
   local name=$1; shift
-  local start=$SECONDS
+  local start=$SECONDS log_file passed=0 failed=0 line
   log "$name"
-  "$@"
-  timings+=("$(printf '%-28s %5ss' "$name" $((SECONDS - start)))")
+  log_file="$logs/${name//[^A-Za-z0-9_]/_}.log"
+  "$@" 2>&1 | tee "$log_file"
+  while read -r line; do
+    [[ $line =~ ([0-9]+)\ passed ]] && passed=$((passed + BASH_REMATCH[1]))
+    [[ $line =~ ([0-9]+)\ (failed|error) ]] && failed=$((failed + BASH_REMATCH[1]))
+  done < <(counts "$log_file")
+  total_passed+=passed
+  total_failed+=failed
+  timings+=("$(printf '%-28s %5ss  %s' "$name" $((SECONDS - start)) "$([ "$name" = setup ] || [ "$name" = static ] || echo "$passed passed")")")
+  if [ "$name" != setup ] && [ "$name" != static ] && [ "$passed" -eq 0 ]; then
+    echo "[tests] stage $name ran no test: a stage that checks nothing must not pass" >&2
+    exit 1
+  fi
 }
 
 export PATH="$root/.venv/bin:$PATH"
@@ -40,13 +58,17 @@ for knob in "${knobs[@]}"; do
   [ -r "$knob" ] && saved[$knob]=$(cat "$knob")
 done
 restore_knobs() {
-  local knob
+  local status=$? knob leaked=0
   for knob in "${!saved[@]}"; do
     if [ "$(cat "$knob" 2>/dev/null)" != "${saved[$knob]}" ]; then
-      echo "[tests] restoring $knob to ${saved[$knob]}" >&2
+      echo "[tests] a test left $knob at $(cat "$knob" 2>/dev/null); restoring ${saved[$knob]}" >&2
       echo "${saved[$knob]}" >"$knob" 2>/dev/null || true
+      leaked=1
     fi
   done
+  # a leaked knob is a failure of the run (something did not restore what it changed)
+  [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
+  exit "$status"
 }
 # UMA_KEEP_KNOBS=1 skips this, for a run beside another one that owns the knobs.
 [ "${UMA_KEEP_KNOBS:-0}" = 1 ] || trap restore_knobs EXIT
@@ -74,15 +96,28 @@ stage_molecule() {
   done
 }
 
-scenarios() { grep -v -e '^#' -e '^$' tests/scenarios.txt; }
+scenarios() { grep -v -e '^#' -e '^$' tests/scenarios.txt || true; }
+# Every scenario directory is listed and every listed scenario exists: a list that lost a line
+# (or came back empty) must not turn into a run that tests less and still passes.
+check_scenarios() {
+  local listed found
+  listed=$(scenarios | sort)
+  found=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | sed 's|^molecule/||' | sort)
+  if [ -z "$listed" ] || [ "$listed" != "$found" ]; then
+    echo "[tests] tests/scenarios.txt lists [${listed//$'\n'/ }] but molecule/ has [${found//$'\n'/ }]" >&2
+    exit 1
+  fi
+}
 
 for stage in "${stages[@]}"; do
   case "$stage" in
     setup|static|unit|integration) run_stage "$stage" "stage_$stage" ;;
-    molecule) mapfile -t all < <(scenarios); stage_molecule "${all[@]}" ;;
+    molecule) check_scenarios; mapfile -t all < <(scenarios); stage_molecule "${all[@]}" ;;
     molecule:*) stage_molecule "${stage#molecule:}" ;;
     *) echo "all.sh: unknown stage '$stage' (setup static unit integration molecule molecule:NAME)" >&2; exit 2 ;;
   esac
 done
-log "all passed"
 printf '%s\n' "${timings[@]}" >&2
+log "all passed"
+# the run's closing line: every pytest and testinfra count of every stage above
+echo "$total_passed passed, $total_failed failed"

@@ -43,7 +43,8 @@ py=${UMA_PYTHON:-python3}
 if [ ! -x .venv/bin/python ] || ! cmp -s tests/requirements.txt .venv/.requirements; then
   log "control-node venv (.venv)"
   "$py" -m venv .venv
-  .venv/bin/pip install -q -r tests/requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
+  # a failed install fails the set-up (only pip's find-links warnings are filtered out)
+  .venv/bin/pip install -q -r tests/requirements.txt 2> >(grep -v "^WARNING: Location" >&2)
   .venv/bin/python -c "import ansible, molecule, testinfra, psutil" # fail here, not later
   cp tests/requirements.txt .venv/.requirements
 fi
