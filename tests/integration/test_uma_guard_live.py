@@ -42,10 +42,21 @@ def _fs_type(path):
     return best_type
 
 
+def _disk_tmp() -> str:
+    """A temporary-files directory on a disk: tmpfs pages cannot be evicted, so the eviction
+    tests need a real file system. The first of $TMPDIR, /var/tmp and the checkout's .cache."""
+    repo_cache = Path(__file__).resolve().parents[2] / ".cache"
+    for candidate in (tempfile.gettempdir(), "/var/tmp", str(repo_cache)):
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK) and _fs_type(candidate) not in ("tmpfs", "ramfs"):
+            return candidate
+    raise AssertionError("no writable temporary directory on a disk (TMPDIR, /var/tmp, .cache are all tmpfs)")
+
+
 @pytest.fixture
 def work():
-    """A temporary directory any user can enter (pytest's own is private to root), removed after."""
-    path = Path(tempfile.mkdtemp(prefix="uma-guard-live-"))
+    """A temporary directory on a disk that any user can enter (pytest's own is private to
+    root), removed after."""
+    path = Path(tempfile.mkdtemp(prefix="uma-guard-live-", dir=_disk_tmp()))
     os.chmod(path, 0o777)
     try:
         yield path
@@ -56,8 +67,6 @@ def work():
 @pytest.fixture
 def ckpt(work):
     """Two 16 MiB files on a real disk, written, synced (clean pages) and read: fully resident."""
-    if _fs_type(str(work)) in ("tmpfs", "ramfs"):
-        pytest.skip("tmpfs pages cannot be evicted; needs a temporary directory on a disk")
     directory = work / "ckpt"
     (directory / "sub").mkdir(parents=True)
     paths = [directory / "model-00001.safetensors", directory / "sub" / "model-00002.bin"]
