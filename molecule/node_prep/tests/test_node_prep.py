@@ -30,11 +30,13 @@ def test_drop_in_file_has_this_hosts_reserve_and_an_intact_fingerprint(host):
     assert _settings(text) == dict(SETTINGS, **{"vm.min_free_kbytes": PER_HOST[name]})
 
 
-def test_live_values_on_the_node_that_owns_the_kernel(host):
-    if host.backend.get_hostname() != "np-ai1":
-        return
+def test_live_values_are_the_kernel_owners_and_the_file_only_node_never_wrote_them(host):
+    # one shared kernel: np-ai1 owns the live values; np-ai2 (apply: false) only has its file
     for key, value in dict(SETTINGS, **{"vm.min_free_kbytes": PER_HOST["np-ai1"]}).items():
         assert host.file("/proc/sys/" + key.replace(".", "/")).content_string.strip() == value
+    if host.backend.get_hostname() == "np-ai2":
+        assert "ro" in host.check_output("findmnt -no OPTIONS /proc/sys").split(",")
+        assert host.file("/proc/sys/vm/min_free_kbytes").content_string.strip() != PER_HOST["np-ai2"]
 
 
 def test_originals_recorded_only_where_live_values_changed(host):
