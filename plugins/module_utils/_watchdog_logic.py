@@ -69,6 +69,8 @@ DEFAULTS: Dict[str, Any] = {
     "busy_stall_s": 600.0,  # busy with no counter progress this long = wedged (long prefills stay below)
     "start_timeout_s": 1800.0,  # a start that is not healthy after this counts as failed
     "processes": [],  # [{"match": regex on the cmdline, "min": n}] expected in the unit
+    "container": None,  # container runtime: the container's name (its processes are not in the unit's cgroup)
+    "container_bin": "docker",
     "peers": [],  # rank 0: [{"name": "ai2", "url": "http://10.0.0.2:9411/status"}]
     "leader_url": None,  # peers: rank 0's watchdog status URL
     "peer_timeout_s": 15.0,  # a peer status older than this (or unreachable this long) = peer gone
@@ -208,6 +210,11 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
         value = cfg[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
             raise UmaError(key, value, "must be a positive number or null", "Give e.g. 4096, or null to size it.")
+    container = cfg["container"]
+    if container is not None and (
+        not isinstance(container, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", container)
+    ):
+        raise UmaError("container", container, "is not a container name", "Give the engine's container name.")
     if cfg["meminfo_root"] is None:
         cfg["meminfo_root"] = cfg["proc_root"]
     if not isinstance(cfg["unified_memory"], bool):

@@ -179,12 +179,25 @@ def proc_info(pid: int, proc_root: str = "/proc") -> Optional[Dict[str, Any]]:
     return {"pid": pid, "state": found[1], "cmdline": cmdline}
 
 
-def check_local(cfg: Dict[str, Any], show: Dict[str, str]) -> Dict[str, Any]:
+def container_pids(cfg: Dict[str, Any], runner: Any) -> List[int]:
+    """The container's init process and its descendants (docker/podman inspect .State.Pid)."""
+    rc, out, _err = runner([cfg["container_bin"], "inspect", "-f", "{{.State.Pid}}", cfg["container"]])
+    text = (out or "").strip()
+    if rc != 0 or not text.isdigit() or int(text) <= 0:
+        return []
+    return descendants(int(text), cfg["proc_root"])
+
+
+def check_local(cfg: Dict[str, Any], show: Dict[str, str], runner: Any = None) -> Dict[str, Any]:
     """Is this node's rank alive? Unit active, processes present, none stopped (SIGSTOP) or dead."""
     state = show.get("ActiveState")
     if state not in ("active", "reloading"):
         return {"ok": False, "reason": "unit %s is %s" % (cfg["unit"], state), "pids": []}
-    found = (proc_info(p, cfg["proc_root"]) for p in unit_pids(show, cfg["cgroup_root"], cfg["proc_root"]))
+    if cfg.get("container") and runner is not None:
+        pids = container_pids(cfg, runner)
+    else:
+        pids = unit_pids(show, cfg["cgroup_root"], cfg["proc_root"])
+    found = (proc_info(p, cfg["proc_root"]) for p in pids)
     infos = [i for i in found if i and i["state"] not in ("Z", "X")]  # a zombie is a dead process
     if not infos:
         return {"ok": False, "reason": "no process left in unit %s" % cfg["unit"], "pids": []}

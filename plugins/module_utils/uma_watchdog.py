@@ -234,7 +234,7 @@ class Watchdog:
             obs["unit"] = show.get("ActiveState") or "unknown"
             n = show.get("NRestarts", "")
             obs["n_restarts"] = int(n) if n.isdigit() else None
-            obs["local"] = probes.check_local(cfg, show)
+            obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
         except UmaError as err:
             obs["unit"] = "unknown"
             obs["local"] = {"ok": False, "reason": err.message}

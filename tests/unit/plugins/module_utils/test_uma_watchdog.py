@@ -690,3 +690,29 @@ def test_systemd_helper_is_the_collections(tmp_path, nodes):
     systemd = Systemd(wd._run, node.systemctl, None)
     node.run("start", "uma-vllm@main.service")
     assert systemd.show("uma-vllm@main.service", wd.SHOW)["ActiveState"] == "active"
+
+
+def test_container_runtime_rank_is_found_through_inspect(tmp_path, nodes):
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    main = node.unit()["MainPID"]
+    worker = node.worker_pid()
+    docker = tmp_path / "docker"
+    docker.write_text("#!/bin/sh\n[ \"$1 $2 $3 $4\" = 'inspect -f {{.State.Pid}} uma-vllm-main' ] && echo %d\n" % main)
+    docker.chmod(0o755)
+    cfg = logic.validate(
+        {
+            "engine": "main",
+            "container": "uma-vllm-main",
+            "container_bin": str(docker),
+            "processes": [{"match": "VLLM::Worker"}],
+        }
+    )
+    show = {"ActiveState": "active", "MainPID": "0", "ControlGroup": ""}  # the unit runs only the docker client
+    result = probes.check_local(cfg, show, wd._run)
+    assert result["ok"] and main in result["pids"] and len(result["pids"]) == 2
+    os.kill(worker, signal.SIGKILL)
+    gone = until(lambda: probes.check_local(cfg, show, wd._run), lambda r: not r["ok"])
+    assert "0 of 1 processes matching" in gone["reason"]
+    missing = logic.validate(dict(cfg, container="other", engine="main"))
+    assert "no process left" in probes.check_local(missing, show, wd._run)["reason"]

@@ -103,6 +103,7 @@ def healthy_state(c, t=0.0):
         ({"engine": "main", "processes": [{"match": "x", "min": 0}]}, "processes"),
         ({"engine": "main", "warn_floor_mib": -1}, "warn_floor_mib"),
         ({"engine": "main", "unified_memory": "yes"}, "unified_memory"),
+        ({"engine": "main", "container": "a;rm -rf /"}, "container"),
     ],
 )
 def test_config_refusals_name_the_key_and_the_fix(raw, key):
