@@ -246,7 +246,8 @@ class Watchdog:
             obs["health"] = probes.probe_health(cfg)
             if obs["health"]["ok"]:
                 obs["metrics"] = probes.read_metrics(cfg)
-                if logic.needs_probe(obs["metrics"]):
+                # a dead or stopped local rank already decides the tick: no completion to wait for
+                if obs["local"].get("ok") and logic.needs_probe(obs["metrics"]):
                     self.model = self.model or probes.model_id(cfg)
                     obs["probe"] = probes.probe_completion(cfg, self.model)
                     if not obs["probe"]["ok"]:

@@ -43,8 +43,9 @@ def ok_obs(**over):
     return obs
 
 
-def run(c, observations, start=0.0, step=5.0, state=None, floors=FLOORS):
+def run(c, observations, start=0.0, step=5.0, state=None, floors=None):
     """Feed observations one tick apart; return the final state and every (t, action)."""
+    floors = floors or FLOORS
     state = state or w.new_state(start)
     done = []
     t = start
@@ -56,7 +57,7 @@ def run(c, observations, start=0.0, step=5.0, state=None, floors=FLOORS):
 
 
 def healthy_state(c, t=0.0):
-    state, _ = run(c, [ok_obs()], start=t)
+    state, _unused = run(c, [ok_obs()], start=t)
     assert state["phase"] == "healthy"
     return state
 
@@ -228,7 +229,7 @@ def test_long_prefill_without_counter_progress_stays_below_the_stall_bound():
     # vLLM counts prompt tokens only when the first token comes out: a long prefill moves nothing
     c = cfg(busy_stall_s=600)
     state = healthy_state(c)
-    obs = [ok_obs(metrics=busy(10), probe=None) for _ in range(110)]  # 550 s of one prefill
+    obs = [ok_obs(metrics=busy(10), probe=None) for _unused in range(110)]  # 550 s of one prefill
     obs += [ok_obs(metrics=busy(11), probe=None)]  # first token
     obs += [ok_obs(metrics=busy(11 + i), probe=None) for i in range(1, 50)]
     state, done = run(c, obs, start=5.0)
@@ -238,7 +239,7 @@ def test_long_prefill_without_counter_progress_stays_below_the_stall_bound():
 def test_busy_engine_stuck_past_the_stall_bound_is_wedged():
     c = cfg(busy_stall_s=60, fail_threshold=2)
     state = healthy_state(c)
-    _state, done = run(c, [ok_obs(metrics=busy(10), probe=None) for _ in range(20)], start=5.0, state=state)
+    _state, done = run(c, [ok_obs(metrics=busy(10), probe=None) for _unused in range(20)], start=5.0, state=state)
     restarts = [(t, a) for t, a in done if a["do"] == "restart"]
     assert restarts, done
     t, action = restarts[0]
@@ -311,25 +312,25 @@ def test_an_operator_stop_is_never_fought():
     state, done = run(c, [ok_obs(unit="inactive", local={"ok": False, "reason": "unit inactive"})] * 50, state=state)
     assert state["phase"] == "stopped"
     assert [a["do"] for _t, a in done] == ["record"]
-    state, _ = run(c, [ok_obs(unit="activating")], start=300.0, state=state)
+    state, _unused = run(c, [ok_obs(unit="activating")], start=300.0, state=state)
     assert state["phase"] == "starting"
-    state, _ = run(c, [ok_obs()], start=305.0, state=state)
+    state, _unused = run(c, [ok_obs()], start=305.0, state=state)
     assert state["phase"] == "healthy"
 
 
 def test_systemd_restarts_count_in_the_window_and_reach_the_limit():
     c = cfg(max_restarts=3, window_s=3600)
     state = healthy_state(c)
-    state, _ = run(c, [ok_obs(unit="activating", n_restarts=2)], start=10.0, state=state)
+    state, _unused = run(c, [ok_obs(unit="activating", n_restarts=2)], start=10.0, state=state)
     assert len(state["restarts"]) == 2 and state["phase"] == "starting"
-    state, _ = run(c, [ok_obs(n_restarts=2)], start=20.0, state=state)
+    state, _unused = run(c, [ok_obs(n_restarts=2)], start=20.0, state=state)
     assert len(state["restarts"]) == 2  # the same NRestarts is not counted twice
     bad = ok_obs(n_restarts=2, health={"ok": False, "error": "refused"})
     state, done = run(c, [bad] * 20, start=30.0, state=state)
     # systemd's two restarts at t=10 set the backoff: 30 s * 2^(2-1) = 60 s, so not before t=70
     assert [(t, a["do"]) for t, a in done] == [(70.0, "restart")]
     # our restart (systemctl start) resets NRestarts to 0: a drop is a new baseline, not a restart
-    state, _ = run(c, [ok_obs(n_restarts=0)], start=200.0, state=state)
+    state, _unused = run(c, [ok_obs(n_restarts=0)], start=200.0, state=state)
     assert len(state["restarts"]) == 3
     bad = ok_obs(n_restarts=0, health={"ok": False, "error": "refused"})
     state, done = run(c, [bad] * 2, start=210.0, state=state)
@@ -349,10 +350,10 @@ def test_backoff_doubles_and_is_capped(k, expected):
 def wedge_cycle(c, state, t, settle=True):
     """One healthy tick (after a restart) then failures until an action; returns state, t, action."""
     if settle:
-        state, _ = run(c, [ok_obs()], start=t, state=state)
+        state, _unused = run(c, [ok_obs()], start=t, state=state)
         t += 5
     bad = ok_obs(probe={"ok": False, "error": "timed out"})
-    for _ in range(1000):
+    for _unused in range(1000):
         state, actions = w.decide(c, FLOORS, state, bad, t)
         if actions:
             return state, t, actions[-1]
@@ -365,7 +366,7 @@ def test_restarts_back_off_then_stop_at_the_window_limit_and_stay_stopped():
     state = healthy_state(c)
     times = []
     t = 5.0
-    for _ in range(3):
+    for _unused in range(3):
         state, t, action = wedge_cycle(c, state, t)
         assert action["do"] == "restart"
         times.append(t)
@@ -392,7 +393,7 @@ def test_the_window_forgets_old_restarts():
 def test_an_operator_start_after_giving_up_resumes_watching():
     c = cfg(fail_threshold=1, max_restarts=1)
     state = healthy_state(c)
-    state, t, _ = wedge_cycle(c, state, 5.0)
+    state, t, _unused = wedge_cycle(c, state, 5.0)
     state, t, action = wedge_cycle(c, state, t + 5)
     assert action["do"] == "stop"
     state, done = run(c, [ok_obs(unit="activating")], start=t + 5, state=state)
