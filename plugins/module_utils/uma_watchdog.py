@@ -129,6 +129,7 @@ class Watchdog:
             self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"])
         self.publish_phase: Optional[str] = None
         self._started = clock()
+        self.ticks = 0
         if self.state["phase"] == "gave_up":
             self.mine["gave_up"] = True
 
@@ -176,6 +177,7 @@ class Watchdog:
             "acked_stop": self.mine["acked_stop"],
             "acked_start": self.mine["acked_start"],
             "updated_at": round(time.time(), 3),
+            "tick": self.ticks,
             "last_verdict": s.get("last_verdict"),
         }
 
@@ -263,7 +265,13 @@ class Watchdog:
         for peer in self.cfg["peers"]:
             status = probes.fetch_status(peer["url"], timeout)
             if status is not None:
-                self.peer_seen[peer["name"]] = (status, now)
+                # fresh = the peer's tick counter moved (by this node's clock: no clock sync needed);
+                # a peer whose loop hangs while its status thread still answers goes stale
+                old = self.peer_seen.get(peer["name"])
+                if old is None or old[0] is None or old[0].get("tick") != status.get("tick"):
+                    self.peer_seen[peer["name"]] = (status, now)
+                else:
+                    self.peer_seen[peer["name"]] = (status, old[1])
             seen, at = self.peer_seen.get(peer["name"], (None, self._started))
             views[peer["name"]] = logic.peer_view(seen, now - at, self.cfg)
         return views
@@ -394,6 +402,7 @@ class Watchdog:
 
     # ---- one tick, the loop
     def tick(self) -> List[Dict[str, Any]]:
+        self.ticks += 1
         if self.cfg["rank"] != 0:
             self.follow_leader()
         obs = self.observe()
@@ -420,7 +429,6 @@ class Watchdog:
         self.record("start", "watching %s (rank %d)" % (self.cfg["unit"], self.cfg["rank"]), {
             "floors": self.floors, "peers": [p["name"] for p in self.cfg["peers"]]})  # fmt: skip
         probes.sd_notify("READY=1")
-        ticks = 0
         while not stop.requested:
             started = self.clock()
             try:
@@ -428,8 +436,7 @@ class Watchdog:
             except Exception as err:  # a tick must never kill the watchdog
                 log(self.engine, "tick failed: %s: %s" % (type(err).__name__, err))
             probes.sd_notify("WATCHDOG=1")
-            ticks += 1
-            if max_ticks is not None and ticks >= max_ticks:
+            if max_ticks is not None and self.ticks >= max_ticks:
                 break
             stop.wait(max(0.0, self.cfg["interval_s"] - (self.clock() - started)))
         self.record("exit", "watchdog stopped (signal %s)" % stop.signal, {})

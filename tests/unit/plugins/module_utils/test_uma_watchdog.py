@@ -616,27 +616,57 @@ def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_pa
     leader.wait_phase("healthy")
 
 
-def test_rank1_node_gone_is_detected_by_status_age(tmp_path, nodes, engine, running):
+class PeerStandIn:
+    """A peer's status endpoint (the real StatusServer) whose tick moves while its loop 'runs'."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.server = probes.StatusServer("127.0.0.1", self.port)
+        self.server.published = {"unit": "active", "local": {"ok": True}, "floor": "ok", "tick": 0}
+        self.running = threading.Event()
+        self.running.set()
+        self.closed = threading.Event()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        while not self.closed.is_set():
+            if self.running.is_set():
+                self.server.published = dict(self.server.published, tick=self.server.published["tick"] + 1)
+            time.sleep(0.1)
+
+    def close(self):
+        self.closed.set()
+        self.server.close()
+
+
+@pytest.mark.parametrize("fault", ["node gone", "watchdog loop hung, status still served"])
+def test_rank1_gone_or_hung_is_detected_by_status_age(tmp_path, nodes, engine, running, fault):
     ai1 = nodes("ai1")
     ai1.run("start", "uma-vllm@main.service")
-    port2 = free_port()
-    srv = probes.StatusServer("127.0.0.1", port2)
-    srv.published = {"unit": "active", "local": {"ok": True}, "floor": "ok", "acked_stop": 0, "acked_start": 0}
-    leader = running(
-        config(
-            tmp_path, ai1, engine.url, status_port=free_port(), peer_ack_timeout_s=1.0,
-            peers=[{"name": "ai2", "url": "http://127.0.0.1:%d/status" % port2}],
-        )
-    )  # fmt: skip
-    leader.wait_phase("healthy")
-    gone_at = time.time()
-    srv.close()  # the node (or its watchdog) is gone
-    restart = leader.wait_for("restart")
-    took = restart["evidence"]["decided_at_epoch_s"] - gone_at
-    print("\nrank 1 status gone: decided after %.2f s (peer_timeout_s 1 s)" % took)
-    assert 1.0 <= took < 5.0  # not before the status is older than peer_timeout_s
-    assert "unreachable" in restart["reason"] or "old" in restart["reason"]
-    assert restart["evidence"]["peers_stopped"] == {"acked": [], "missing": ["ai2"]}
+    peer = PeerStandIn()
+    try:
+        leader = running(
+            config(
+                tmp_path, ai1, engine.url, status_port=free_port(), peer_ack_timeout_s=1.0,
+                peers=[{"name": "ai2", "url": "http://127.0.0.1:%d/status" % peer.port}],
+            )
+        )  # fmt: skip
+        leader.wait_phase("healthy")
+        time.sleep(1.5)  # longer than peer_timeout_s: a live peer stays fresh
+        assert leader.events("restart") == []
+        gone_at = time.time()
+        if fault == "node gone":
+            peer.close()
+        else:
+            peer.running.clear()  # its HTTP thread still answers, with the same tick
+        restart = leader.wait_for("restart")
+        took = restart["evidence"]["decided_at_epoch_s"] - gone_at
+        print("\nrank 1 %s: decided after %.2f s (peer_timeout_s 1 s)" % (fault, took))
+        assert 1.0 <= took < 5.0  # not before the status is older than peer_timeout_s
+        assert "s old (bound 1 s)" in restart["reason"]
+        assert restart["evidence"]["peers_stopped"] == {"acked": [], "missing": ["ai2"]}
+    finally:
+        peer.close()
 
 
 def free_port():
