@@ -426,7 +426,7 @@ def test_wedged_idle_engine_is_detected_and_restarted_with_evidence(tmp_path, no
     restart = dog.wait_for("restart")
     detected = restart["evidence"]["decided_at_epoch_s"] - wedged_at
     print(
-        "\nwedge (completion hangs, /health 200): restart after %.2f s (interval 0.2 s, deadline 1 s, 2 ticks)"
+        "\nwedge (completion hangs, /health 200): wedge decided after %.2f s (interval 0.2 s, deadline 1 s, 2 ticks)"
         % detected
     )
     assert detected < 5.0
