@@ -746,3 +746,36 @@ def test_container_runtime_rank_is_found_through_inspect(tmp_path, nodes):
     assert "0 of 1 processes matching" in gone["reason"]
     missing = logic.validate(dict(cfg, container="other", engine="main"))
     assert "no process left" in probes.check_local(missing, show, wd._run)["reason"]
+
+
+def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
+    """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2, checked by systemd-analyze verify."""
+    import shutil
+
+    import jinja2
+
+    template = os.path.join(
+        MODULE_UTILS, "..", "..", "roles", "vllm_service", "templates", "uma-vllm-watchdog@.service.j2"
+    )
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env.filters["comment"] = lambda text: "# " + text
+    text = env.from_string(open(template).read()).render(
+        ansible_managed="Ansible managed",
+        vllm_service_python="/usr/bin/python3",
+        vllm_service_config_dir="/etc/uma-vllm",
+        vllm_service_state_dir="/var/lib/uma-vllm",
+    )
+    assert "OOMScoreAdjust=-900" in text and "Type=notify" in text and "WatchdogSec=" in text
+    assert (
+        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/uma_watchdog.py --config /etc/uma-vllm/watchdog/%i.json"
+        in text
+    )
+    (tmp_path / "uma-vllm-watchdog@.service").write_text(text)
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    proc = subprocess.run(
+        [analyze, "verify", "--man=no", str(tmp_path / "uma-vllm-watchdog@main.service")],
+        check=False, capture_output=True, text=True, env=dict(os.environ, SYSTEMD_UNIT_PATH="%s:" % tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
