@@ -380,6 +380,8 @@ class Watchdog:
             self.record("peer-stop", "rank 0 restarts the engine (epoch %d)" % epoch, self.stop_own())
             self.mine["acked_stop"] = epoch
             self.mine["gave_up"] = False
+            self.state["phase"] = "stopped"  # by rank 0's order, not an operator's stop
+            self.state["reason"] = "stopped for rank 0's restart (epoch %d)" % epoch
         elif what == "start":
             self.record("peer-start", "rank 0 restarts the engine (epoch %d)" % epoch, self.start_own())
             self.mine["acked_start"] = epoch
