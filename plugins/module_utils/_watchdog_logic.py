@@ -579,8 +579,11 @@ def peer_reaction(leader: Optional[Dict[str, Any]], mine: Dict[str, Any]) -> Opt
     """What a peer does after reading rank 0's status: None, "stop", "start" or "stay_stopped".
 
     ``mine`` holds ``acked_stop`` and ``acked_start`` (the epochs this peer has
-    carried out). Rank 0 publishes ``epoch`` and ``phase`` (stopping, starting,
-    running, gave_up).
+    carried out). Rank 0 publishes ``epoch`` and, only while it restarts the
+    engine, the handshake phases ``restart_stop`` then ``restart_start``
+    (held until the peers acknowledge or ``peer_ack_timeout_s``), or
+    ``gave_up``. Any other phase is rank 0's own business: a peer that starts
+    (or restarts its watchdog) while rank 0 is healthy never touches its engine.
     """
     if not leader:
         return None
@@ -588,8 +591,8 @@ def peer_reaction(leader: Optional[Dict[str, Any]], mine: Dict[str, Any]) -> Opt
     phase = leader.get("phase")
     if phase == "gave_up":
         return None if mine.get("gave_up") else "stay_stopped"
-    if epoch > (mine.get("acked_stop") or 0) and phase in ("stopping", "starting", "running"):
+    if epoch > (mine.get("acked_stop") or 0) and phase in ("restart_stop", "restart_start"):
         return "stop"
-    if epoch > (mine.get("acked_start") or 0) and phase in ("starting", "running"):
+    if epoch > (mine.get("acked_start") or 0) and phase == "restart_start":
         return "start"
     return None

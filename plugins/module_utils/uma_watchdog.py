@@ -115,13 +115,20 @@ class Watchdog:
         self.min_free = self._min_free()
         self.state = logic.new_state(clock())
         old = read_json(os.path.join(self.dir, "state.json"))
+        self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "gave_up": False}
+        if isinstance(old, dict):
+            # epochs survive a watchdog restart: rank 0 never reuses one, a peer never redoes one
+            for key in ("acked_stop", "acked_start"):
+                if isinstance(old.get(key), int):
+                    self.mine[key] = old[key]
+            if isinstance(old.get("epoch"), int):
+                self.state["epoch"] = old["epoch"]
         if isinstance(old, dict) and old.get("phase") == "gave_up":
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
             self.state["reason"] = old.get("reason", "gave up before this watchdog started")
         self.events: List[Dict[str, Any]] = read_json(os.path.join(self.dir, "events.json")) or []
         self.peer_seen: Dict[str, Tuple[Optional[Dict[str, Any]], float]] = {}
-        self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "gave_up": False}
         self.model: Optional[str] = None
         self.last_obs: Dict[str, Any] = {}
         self.server: Optional[probes.StatusServer] = None
@@ -346,13 +353,13 @@ class Watchdog:
         epoch = self.state["epoch"]
         evidence = dict(action.get("evidence") or {}, epoch=epoch, kind=action.get("kind"))
         evidence["decided_at_epoch_s"] = round(time.time(), 3)
-        self.publish_phase = "stopping"
+        self.publish_phase = "restart_stop"
         self.publish()
         evidence["stop"] = self.stop_own()
         if self.cfg["peers"]:
             evidence["peers_stopped"] = self.wait_peers("acked_stop", epoch)
         evidence["start"] = self.start_own()
-        self.publish_phase = "starting"
+        self.publish_phase = "restart_start"
         self.publish()
         if self.cfg["peers"]:
             evidence["peers_started"] = self.wait_peers("acked_start", epoch)

@@ -779,3 +779,17 @@ def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
         check=False, capture_output=True, text=True, env=dict(os.environ, SYSTEMD_UNIT_PATH="%s:" % tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0 and proc.stderr.strip() == "", proc.stderr
+
+
+def test_epochs_survive_a_watchdog_restart(tmp_path, nodes, engine):
+    node = nodes("ai1")
+    cfg = config(tmp_path, node, engine.url)
+    state_dir = node.root / "state" / "watchdog" / "main"
+    state_dir.mkdir(parents=True)
+    (state_dir / "state.json").write_text(
+        json.dumps({"phase": "healthy", "epoch": 3, "acked_stop": 2, "acked_start": 2})
+    )
+    dog = wd.Watchdog(cfg)
+    assert dog.state["epoch"] == 3 and dog.state["phase"] == "starting"
+    assert (dog.mine["acked_stop"], dog.mine["acked_start"]) == (2, 2)
+    assert dog.snapshot()["epoch"] == 3  # the next restart is epoch 4: peers that acked 3 act on it
