@@ -578,8 +578,9 @@ def peer_view(status: Optional[Dict[str, Any]], age_s: Optional[float], cfg: Dic
 def peer_reaction(leader: Optional[Dict[str, Any]], mine: Dict[str, Any]) -> Optional[str]:
     """What a peer does after reading rank 0's status: None, "stop", "start" or "stay_stopped".
 
-    ``mine`` holds ``acked_stop`` and ``acked_start`` (the epochs this peer has
-    carried out). Rank 0 publishes ``epoch`` and, only while it restarts the
+    ``mine`` holds ``acked_stop``, ``acked_start`` (the epochs this peer has
+    carried out) and ``acked_gave_up`` (rank 0's give-ups it has carried out).
+    Rank 0 publishes ``epoch`` and, only while it restarts the
     engine, the handshake phases ``restart_stop`` then ``restart_start``
     (held until the peers acknowledge or ``peer_ack_timeout_s``), or
     ``gave_up``. Any other phase is rank 0's own business: a peer that starts
@@ -590,7 +591,9 @@ def peer_reaction(leader: Optional[Dict[str, Any]], mine: Dict[str, Any]) -> Opt
     epoch = leader.get("epoch") or 0
     phase = leader.get("phase")
     if phase == "gave_up":
-        return None if mine.get("gave_up") else "stay_stopped"
+        # each give-up is counted by rank 0 (counts.gave_up); a peer carries each out once
+        given_up = (leader.get("counts") or {}).get("gave_up") or 0
+        return "stay_stopped" if given_up > (mine.get("acked_gave_up") or 0) else None
     if epoch > (mine.get("acked_stop") or 0) and phase in ("restart_stop", "restart_start"):
         return "stop"
     if epoch > (mine.get("acked_start") or 0) and phase == "restart_start":

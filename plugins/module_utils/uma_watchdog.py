@@ -115,14 +115,18 @@ class Watchdog:
         self.min_free = self._min_free()
         self.state = logic.new_state(clock())
         old = read_json(os.path.join(self.dir, "state.json"))
-        self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "gave_up": False}
+        self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "acked_gave_up": 0}
         if isinstance(old, dict):
             # epochs survive a watchdog restart: rank 0 never reuses one, a peer never redoes one
-            for key in ("acked_stop", "acked_start"):
+            for key in ("acked_stop", "acked_start", "acked_gave_up"):
                 if isinstance(old.get(key), int):
                     self.mine[key] = old[key]
             if isinstance(old.get("epoch"), int):
                 self.state["epoch"] = old["epoch"]
+            if isinstance(old.get("counts"), dict):
+                for key, value in old["counts"].items():
+                    if key in self.state["counts"] and isinstance(value, int):
+                        self.state["counts"][key] = value
         if isinstance(old, dict) and old.get("phase") == "gave_up":
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
@@ -137,8 +141,6 @@ class Watchdog:
         self.publish_phase: Optional[str] = None
         self._started = clock()
         self.ticks = 0
-        if self.state["phase"] == "gave_up":
-            self.mine["gave_up"] = True
 
     def _min_free(self) -> int:
         try:
@@ -183,6 +185,7 @@ class Watchdog:
             "local": self.last_obs.get("local"),
             "acked_stop": self.mine["acked_stop"],
             "acked_start": self.mine["acked_start"],
+            "acked_gave_up": self.mine["acked_gave_up"],
             "updated_at": round(time.time(), 3),
             "tick": self.ticks,
             "last_verdict": s.get("last_verdict"),
@@ -372,7 +375,7 @@ class Watchdog:
         self.publish()
         evidence["stop"] = self.stop_own()
         if self.cfg["peers"]:
-            evidence["peers_stopped"] = self.wait_peers("acked_stop", self.state["epoch"] + 1)
+            evidence["peers_stopped"] = self.wait_peers("acked_gave_up", self.state["counts"]["gave_up"])
         self.publish_phase = None
         self.record("gave_up", action["reason"], evidence)
 
@@ -386,7 +389,6 @@ class Watchdog:
         if what == "stop":
             self.record("peer-stop", "rank 0 restarts the engine (epoch %d)" % epoch, self.stop_own())
             self.mine["acked_stop"] = epoch
-            self.mine["gave_up"] = False
             self.state["phase"] = "stopped"  # by rank 0's order, not an operator's stop
             self.state["reason"] = "stopped for rank 0's restart (epoch %d)" % epoch
         elif what == "start":
@@ -395,8 +397,7 @@ class Watchdog:
             self.state = self._fresh(epoch)
         elif what == "stay_stopped":
             self.record("peer-gave-up", "rank 0 gave up: %s" % leader.get("reason"), self.stop_own())
-            self.mine["gave_up"] = True
-            self.mine["acked_stop"] = (leader.get("epoch") or 0) + 1
+            self.mine["acked_gave_up"] = (leader.get("counts") or {}).get("gave_up") or 0
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
             self.state["reason"] = "rank 0 gave up: %s" % leader.get("reason")

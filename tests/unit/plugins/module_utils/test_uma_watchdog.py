@@ -793,3 +793,29 @@ def test_epochs_survive_a_watchdog_restart(tmp_path, nodes, engine):
     assert dog.state["epoch"] == 3 and dog.state["phase"] == "starting"
     assert (dog.mine["acked_stop"], dog.mine["acked_start"]) == (2, 2)
     assert dog.snapshot()["epoch"] == 3  # the next restart is epoch 4: peers that acked 3 act on it
+
+
+def test_two_ranks_gave_up_leaves_every_rank_stopped(tmp_path, nodes, engine, running):
+    ai1, ai2 = nodes("ai1"), nodes("ai2")
+    for node in (ai1, ai2):
+        node.run("start", "uma-vllm@main.service")
+    port1, port2 = free_port(), free_port()
+    peer = running(
+        config(tmp_path, ai2, engine.url, rank=1, status_port=port2, leader_url="http://127.0.0.1:%d/status" % port1)
+    )
+    engine.health_status = 500  # rank 0 never serves
+    leader = running(
+        config(
+            tmp_path, ai1, engine.url, status_port=port1, max_restarts=1, start_timeout_s=0.5,
+            peers=[{"name": "ai2", "url": "http://127.0.0.1:%d/status" % port2}],
+        )
+    )  # fmt: skip
+    gave_up = leader.wait_for("gave_up", timeout=30)
+    assert gave_up["evidence"]["peers_stopped"] == {"acked": ["ai2"], "missing": []}
+    assert ai1.unit()["ActiveState"] == "inactive" and ai2.unit()["ActiveState"] == "inactive"
+    peer.wait_phase("gave_up")
+    assert [e["action"] for e in peer.events() if e["action"].startswith("peer-")] == [
+        "peer-stop", "peer-start", "peer-gave-up"]  # fmt: skip
+    time.sleep(1.0)  # and they stay stopped
+    assert ai1.unit()["ActiveState"] == "inactive" and ai2.unit()["ActiveState"] == "inactive"
+    assert ai2.calls().count("start") == 2  # the test's own + the one whole restart

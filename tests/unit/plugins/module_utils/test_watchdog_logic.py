@@ -464,8 +464,15 @@ def test_peer_view():
         ({"epoch": 5, "phase": "starting"}, {"acked_stop": 0, "acked_start": 0}, None),
         ({"epoch": 5, "phase": "healthy"}, {"acked_stop": 0, "acked_start": 0}, None),
         ({"epoch": 5, "phase": "suspect"}, {}, None),
-        ({"epoch": 2, "phase": "gave_up"}, {"gave_up": False}, "stay_stopped"),
-        ({"epoch": 2, "phase": "gave_up"}, {"gave_up": True}, None),
+        ({"epoch": 2, "phase": "gave_up", "counts": {"gave_up": 1}}, {"acked_gave_up": 0}, "stay_stopped"),
+        ({"epoch": 2, "phase": "gave_up", "counts": {"gave_up": 1}}, {"acked_gave_up": 1}, None),
+        ({"epoch": 2, "phase": "gave_up", "counts": {"gave_up": 2}}, {"acked_gave_up": 1}, "stay_stopped"),
+        # after a give-up and an operator's start, the next restart (epoch 3) is carried out normally
+        (
+            {"epoch": 3, "phase": "restart_stop", "counts": {"gave_up": 1}},
+            {"acked_stop": 2, "acked_gave_up": 1},
+            "stop",
+        ),
     ],
 )
 def test_peer_reaction(leader, mine, expected):
