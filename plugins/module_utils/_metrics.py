@@ -95,15 +95,21 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
-def render(samples: Iterable[Tuple[str, Dict[str, Any], float]]) -> str:
-    """Prometheus text exposition: HELP/TYPE once per metric, in METRICS order, then by labels."""
+def render(
+    samples: Iterable[Tuple[str, Dict[str, Any], float]], catalog: Optional[Dict[str, Tuple[str, str]]] = None
+) -> str:
+    """Prometheus text exposition: HELP/TYPE once per metric, in catalog order (METRICS), then by labels.
+
+    Other node programs (the watchdog) pass their own ``catalog`` of name -> (type, help).
+    """
+    catalog = METRICS if catalog is None else catalog
     grouped: Dict[str, List[Tuple[Dict[str, Any], float]]] = {}
     for name, labels, value in samples:
-        if name not in METRICS:
+        if name not in catalog:
             raise ValueError("unknown metric %s" % name)
         grouped.setdefault(name, []).append((labels, value))
     out: List[str] = []
-    for name, (kind, text) in METRICS.items():
+    for name, (kind, text) in catalog.items():
         if name not in grouped:
             continue
         out.append("# HELP %s %s" % (name, text))

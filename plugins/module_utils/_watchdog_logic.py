@@ -1,0 +1,601 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The watchdog's decisions as pure functions over observations (private to the collection).
+
+Nothing here reads a file, opens a socket or looks at a clock: every function
+takes the configuration, the observations of one tick and ``now`` (seconds,
+monotonic) and returns a verdict or the next state plus the actions to take.
+``uma_watchdog.py`` gathers the observations and carries the actions out; the
+unit tests drive every branch with made-up observations and made-up time.
+
+Observations of one tick (keys of ``obs``; missing = not observed):
+
+``unit``        ActiveState of the engine's unit on this node (active, activating, inactive, failed ...)
+``n_restarts``  systemd's NRestarts of the unit (restarts systemd made by itself)
+``local``       ``{"ok": bool, "reason": str}`` this node's rank processes
+``health``      ``{"ok": bool, "latency_s": float, "error": str}`` GET /health (rank 0)
+``metrics``     ``{"running": n, "waiting": n, "progress": {counter: value}}`` from vLLM's /metrics (rank 0)
+``probe``       ``{"ok": bool, "latency_s": float, "error": str}`` a 1-token completion (rank 0, idle only)
+``peers``       ``{name: {"ok": bool, "reason": str, "critical_floor": bool}}`` peer ranks (rank 0)
+``mem``         ``{"available": bytes, "gpu_headroom": bytes or None}``
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+    from ansible_collections.uma.vllm.plugins.module_utils._sysctl import size_min_free_kbytes
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    from _common import UmaError  # type: ignore[no-redef]
+    from _sysctl import size_min_free_kbytes  # type: ignore[no-redef]
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+# vLLM's own Prometheus names (vllm/v1/metrics/loggers.py). The gauges say
+# whether the engine has work; the counters say whether it makes progress.
+METRIC_RUNNING = "vllm:num_requests_running"
+METRIC_WAITING = "vllm:num_requests_waiting"
+PROGRESS_METRICS = (
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:request_success_total",
+)
+
+PHASES = ("starting", "healthy", "suspect", "backoff", "stopped", "gave_up")
+
+# Floors: critical = the reserve rule of _sysctl (uma-3pct-v1) on the host's RAM;
+# warning = twice that. Both overridable.
+WARN_FACTOR = 2
+
+DEFAULTS: Dict[str, Any] = {
+    "engine": None,
+    "unit": None,  # default uma-vllm@<engine>.service
+    "rank": 0,
+    "base_url": "http://127.0.0.1:8000",
+    "model": None,  # completion model id; None = the first of GET /v1/models
+    "model_path": None,  # the shards evicted on a warning floor and after a stop
+    "interval_s": 5.0,
+    "health_timeout_s": 5.0,
+    "probe_timeout_s": 20.0,  # the 1-token completion must finish within this deadline
+    "fail_threshold": 2,  # consecutive failed ticks before a wedge is declared
+    "busy_stall_s": 600.0,  # busy with no counter progress this long = wedged (long prefills stay below)
+    "start_timeout_s": 1800.0,  # a start that is not healthy after this counts as failed
+    "processes": [],  # [{"match": regex on the cmdline, "min": n}] expected in the unit
+    "container": None,  # container runtime: the container's name (its processes are not in the unit's cgroup)
+    "container_bin": "docker",
+    "peers": [],  # rank 0: [{"name": "ai2", "url": "http://10.0.0.2:9411/status"}]
+    "leader_url": None,  # peers: rank 0's watchdog status URL
+    "peer_timeout_s": 15.0,  # a peer status older than this (or unreachable this long) = peer gone
+    "peer_ack_timeout_s": 120.0,
+    "status_bind": "127.0.0.1",
+    "status_port": 0,  # 0 = no status endpoint (single-node engines)
+    "backoff_initial_s": 30.0,
+    "backoff_max_s": 600.0,
+    "max_restarts": 3,
+    "window_s": 3600.0,
+    "ram_gib": None,  # None = MemTotal
+    "warn_floor_mib": None,  # None = sized from RAM
+    "critical_floor_mib": None,
+    "floor_samples": 2,
+    "evict_every_s": 30.0,
+    "evict_scope": "model",  # model | global (drop_caches: every workload's cache)
+    "unified_memory": False,
+    "state_dir": "/var/lib/uma-vllm",
+    "textfile_dir": None,  # None = no metrics file
+    "proc_root": "/proc",  # processes of the local rank
+    "meminfo_root": None,  # meminfo and vm sysctls; None = proc_root
+    "cgroup_root": "/sys/fs/cgroup",
+    "systemctl": "systemctl",
+    "api_key_env": "VLLM_API_KEY",
+}
+
+_POSITIVE = (
+    "interval_s",
+    "health_timeout_s",
+    "probe_timeout_s",
+    "busy_stall_s",
+    "start_timeout_s",
+    "peer_timeout_s",
+    "peer_ack_timeout_s",
+    "backoff_initial_s",
+    "backoff_max_s",
+    "window_s",
+    "evict_every_s",
+)
+
+
+def _number(key: str, value: Any, fix: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
+        raise UmaError(key, value, "must be a positive number of seconds", fix)
+    return float(value)
+
+
+def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
+    """Defaults plus ``raw`` (the JSON config), refused with one clear error naming key, value, fix."""
+    if not isinstance(raw, dict):
+        raise UmaError(source, raw, "is not a JSON object", "Write the watchdog's config as a JSON object.")
+    unknown = sorted(k for k in raw if k not in DEFAULTS)
+    if unknown:
+        raise UmaError(unknown[0], raw[unknown[0]], "is not a watchdog option", "Use one of: %s." % ", ".join(DEFAULTS))
+    cfg = dict(DEFAULTS)
+    cfg.update({k: v for k, v in raw.items() if v is not None})
+    engine = cfg["engine"]
+    if not isinstance(engine, str) or not engine or not all(c.isalnum() or c in "._-" for c in engine):
+        raise UmaError("engine", engine, "is not an engine name", "Give the engine's name, e.g. 'main'.")
+    if cfg["unit"] is None:
+        cfg["unit"] = "uma-vllm@%s.service" % engine
+    rank = cfg["rank"]
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise UmaError("rank", rank, "is not a node rank", "Give 0 on the node that serves the API, 1.. on the others.")
+    for key in _POSITIVE:
+        cfg[key] = _number(key, cfg[key], "Give e.g. %s." % DEFAULTS[key])
+    for key, minimum in (("fail_threshold", 1), ("max_restarts", 1), ("floor_samples", 1), ("status_port", 0)):
+        value = cfg[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise UmaError(key, value, "must be a whole number >= %d" % minimum, "Give e.g. %s." % DEFAULTS[key])
+    if cfg["status_port"] > 65535:
+        raise UmaError("status_port", cfg["status_port"], "is not a TCP port", "Give 1-65535, or 0 for none.")
+    if cfg["backoff_max_s"] < cfg["backoff_initial_s"]:
+        raise UmaError(
+            "backoff_max_s", cfg["backoff_max_s"], "is below backoff_initial_s", "Give a cap >= backoff_initial_s."
+        )
+    if cfg["probe_timeout_s"] >= cfg["busy_stall_s"]:
+        raise UmaError(
+            "busy_stall_s", cfg["busy_stall_s"], "must exceed probe_timeout_s", "Give a stall bound of minutes."
+        )
+    if not isinstance(cfg["base_url"], str) or not cfg["base_url"].startswith(("http://", "https://")):
+        raise UmaError("base_url", cfg["base_url"], "is not an http(s) URL", "Give e.g. http://127.0.0.1:8000.")
+    cfg["base_url"] = cfg["base_url"].rstrip("/")
+    if cfg["evict_scope"] not in ("model", "global"):
+        raise UmaError(
+            "evict_scope", cfg["evict_scope"], "is not model or global", "Use model (only the engine's shards)."
+        )
+    peers = cfg["peers"]
+    if not isinstance(peers, list):
+        raise UmaError("peers", peers, "is not a list", "Give [{'name': 'ai2', 'url': 'http://ai2:9411/status'}].")
+    names = set()
+    for peer in peers:
+        if (
+            not isinstance(peer, dict)
+            or not isinstance(peer.get("name"), str)
+            or not isinstance(peer.get("url"), str)
+            or not peer["url"].startswith("http://")
+        ):
+            raise UmaError("peers", peer, "is not {name, url} with an http:// URL", "Give each peer's watchdog URL.")
+        if peer["name"] in names:
+            raise UmaError("peers", peer, "names a peer twice", "Give each peer once.")
+        names.add(peer["name"])
+    if peers and cfg["rank"] != 0:
+        raise UmaError("peers", peers, "is only for rank 0", "Give peers on rank 0 and leader_url on the others.")
+    if cfg["rank"] != 0:
+        url = cfg["leader_url"]
+        if not isinstance(url, str) or not url.startswith("http://"):
+            raise UmaError(
+                "leader_url", url, "is needed on a rank > 0", "Give rank 0's watchdog URL, e.g. http://ai1:9411/status."
+            )
+        if cfg["status_port"] == 0:
+            raise UmaError(
+                "status_port", 0, "must be set on a rank > 0 (rank 0 reads it)", "Give e.g. 9411 on every node."
+            )
+    if peers and cfg["status_port"] == 0:
+        raise UmaError("status_port", 0, "must be set when peers are given", "Give e.g. 9411 on every node.")
+    processes = cfg["processes"]
+    if not isinstance(processes, list) or not all(
+        isinstance(p, dict)
+        and isinstance(p.get("match"), str)
+        and isinstance(p.get("min", 1), int)
+        and not isinstance(p.get("min", 1), bool)
+        and p.get("min", 1) >= 1
+        for p in processes
+    ):
+        raise UmaError(
+            "processes", processes, "is not a list of {match, min}", "Give e.g. [{'match': 'VLLM::Worker', 'min': 1}]."
+        )
+    for p in processes:
+        try:
+            re.compile(p["match"])
+        except re.error as err:
+            raise UmaError(
+                "processes", p["match"], "is not a regular expression (%s)" % err, "Fix the pattern."
+            ) from None
+    for key in ("warn_floor_mib", "critical_floor_mib", "ram_gib"):
+        value = cfg[key]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise UmaError(key, value, "must be a positive number or null", "Give e.g. 4096, or null to size it.")
+    container = cfg["container"]
+    if container is not None and (
+        not isinstance(container, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", container)
+    ):
+        raise UmaError("container", container, "is not a container name", "Give the engine's container name.")
+    if cfg["meminfo_root"] is None:
+        cfg["meminfo_root"] = cfg["proc_root"]
+    if not isinstance(cfg["unified_memory"], bool):
+        raise UmaError("unified_memory", cfg["unified_memory"], "is not a boolean", "Give true or false.")
+    return cfg
+
+
+# --------------------------------------------------------------------------
+# Memory floors
+
+
+def size_floors(
+    ram_bytes: int, warn_mib: Optional[float] = None, critical_mib: Optional[float] = None
+) -> Dict[str, Any]:
+    """Warning and critical floors for MemAvailable, from RAM like the reserve (uma-3pct-v1)."""
+    reserve = size_min_free_kbytes(int(ram_bytes))["min_free_kbytes"] * 1024
+    critical = int(critical_mib * MIB) if critical_mib is not None else reserve
+    warn = int(warn_mib * MIB) if warn_mib is not None else max(critical * WARN_FACTOR, reserve * WARN_FACTOR)
+    if warn <= critical:
+        raise UmaError(
+            "warn_floor_mib",
+            warn // MIB,
+            "is not above critical_floor_mib (%d)" % (critical // MIB),
+            "Give a warning floor above the critical one.",
+        )
+    if warn >= ram_bytes:
+        raise UmaError("warn_floor_mib", warn // MIB, "is not below the host's RAM", "Give a smaller floor.")
+    return {
+        "rule": "uma-3pct-v1" if critical_mib is None else "explicit",
+        "ram_bytes": int(ram_bytes),
+        "reserve_bytes": reserve,
+        "warn_bytes": warn,
+        "critical_bytes": critical,
+    }
+
+
+def memory_view(meminfo: Dict[str, int], unified_memory: bool, min_free_bytes: int = 0) -> Dict[str, Any]:
+    """What the floors compare: MemAvailable; on unified memory also the GPU headroom.
+
+    MemAvailable is the kernel's estimate for new CPU allocations (free pages
+    above the watermarks plus reclaimable page cache and slab). On a
+    unified-memory node the GPU driver allocates from the same pages but does
+    not wait for reclaim: page cache is not there for it in time
+    (NV_ERR_NO_MEMORY while MemAvailable looks fine). gpu_headroom = MemFree
+    minus the reserve (vm.min_free_kbytes) is what can back a GPU allocation
+    now. It drives only the warning action (evict the model's cache), never a
+    restart: a node full of cache is healthy, it only needs the cache gone.
+    """
+    available = meminfo.get("MemAvailable")
+    view: Dict[str, Any] = {"available": available, "gpu_headroom": None}
+    if unified_memory and "MemFree" in meminfo:
+        view["gpu_headroom"] = max(0, meminfo["MemFree"] - min_free_bytes)
+    return view
+
+
+def floor_level(mem: Optional[Dict[str, Any]], floors: Dict[str, Any]) -> Tuple[str, str]:
+    """("ok" | "warn" | "critical", why)."""
+    if not mem or mem.get("available") is None:
+        return "ok", "no meminfo"
+    available = mem["available"]
+    if available < floors["critical_bytes"]:
+        return "critical", "MemAvailable %d MiB < critical floor %d MiB" % (
+            available // MIB,
+            floors["critical_bytes"] // MIB,
+        )
+    if available < floors["warn_bytes"]:
+        return "warn", "MemAvailable %d MiB < warning floor %d MiB" % (available // MIB, floors["warn_bytes"] // MIB)
+    headroom = mem.get("gpu_headroom")
+    if headroom is not None and headroom < floors["warn_bytes"]:
+        return "warn", "GPU headroom (MemFree - reserve) %d MiB < warning floor %d MiB" % (
+            headroom // MIB,
+            floors["warn_bytes"] // MIB,
+        )
+    return "ok", "MemAvailable %d MiB" % (available // MIB)
+
+
+# --------------------------------------------------------------------------
+# Liveness
+
+
+def is_busy(metrics: Optional[Dict[str, Any]]) -> bool:
+    if not metrics:
+        return False
+    return (metrics.get("running") or 0) > 0 or (metrics.get("waiting") or 0) > 0
+
+
+def needs_probe(metrics: Optional[Dict[str, Any]]) -> bool:
+    """The 1-token completion runs only when the engine is idle (or /metrics is unreadable)."""
+    return not is_busy(metrics)
+
+
+def parse_prometheus(text: str) -> Dict[str, float]:
+    """Sum of every sample per metric name (labels dropped) of a Prometheus text exposition."""
+    sums: Dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_part, _sep, rest = line.partition(" ")
+        if "{" in line:
+            name_part = line[: line.index("{")]
+            rest = line[line.rindex("}") + 1 :]
+        fields = rest.split()
+        if not fields:
+            continue
+        try:
+            value = float(fields[0])
+        except ValueError:
+            continue
+        if math.isnan(value):
+            continue
+        sums[name_part] = sums.get(name_part, 0.0) + value
+    return sums
+
+
+def metrics_view(samples: Dict[str, float]) -> Optional[Dict[str, Any]]:
+    """running / waiting / progress counters; None when the text is not vLLM's /metrics."""
+    if METRIC_RUNNING not in samples and METRIC_WAITING not in samples:
+        return None
+    return {
+        "running": int(samples.get(METRIC_RUNNING, 0)),
+        "waiting": int(samples.get(METRIC_WAITING, 0)),
+        "progress": {k: samples[k] for k in PROGRESS_METRICS if k in samples},
+    }
+
+
+def progressed(before: Optional[Dict[str, float]], after: Optional[Dict[str, float]]) -> bool:
+    """Any of vLLM's counters moved (a counter that went down = the engine restarted: also movement)."""
+    if not before or not after:
+        return False
+    return any(after.get(k) != before.get(k) for k in set(before) | set(after))
+
+
+def liveness(cfg: Dict[str, Any], obs: Dict[str, Any], state: Dict[str, Any], now: float) -> Dict[str, Any]:
+    """One tick's verdict: ``{"ok": bool, "reason": str, "kind": ...}``.
+
+    kind: local (this node's rank processes), peer (another rank is gone or at
+    its critical floor), health, busy_stall, probe, or ok/busy/idle.
+    """
+    local = obs.get("local")
+    if local is not None and not local.get("ok"):
+        return {"ok": False, "kind": "local", "reason": "local rank: %s" % local.get("reason")}
+    for name, peer in sorted((obs.get("peers") or {}).items()):
+        if not peer.get("ok"):
+            return {"ok": False, "kind": "peer", "reason": "peer %s: %s" % (name, peer.get("reason"))}
+        if peer.get("critical_floor"):
+            return {"ok": False, "kind": "peer_floor", "reason": "peer %s: below its critical memory floor" % name}
+    if cfg["rank"] != 0:
+        return {"ok": True, "kind": "ok", "reason": "local rank alive"}
+    health = obs.get("health")
+    if health is not None and not health.get("ok"):
+        return {"ok": False, "kind": "health", "reason": "/health: %s" % health.get("error")}
+    metrics = obs.get("metrics")
+    if is_busy(metrics):
+        since = state.get("progress_at")
+        if since is None or progressed(state.get("progress"), metrics.get("progress")):
+            return {"ok": True, "kind": "busy", "reason": "busy, counters moving"}
+        stalled = now - since
+        if stalled >= cfg["busy_stall_s"]:
+            return {
+                "ok": False,
+                "kind": "busy_stall",
+                "reason": "busy (running %d, waiting %d) with no counter progress for %.0f s"
+                % (metrics.get("running", 0), metrics.get("waiting", 0), stalled),
+            }
+        return {"ok": True, "kind": "busy", "reason": "busy, no progress for %.0f s (bound %.0f s)" % (
+            stalled, cfg["busy_stall_s"])}  # fmt: skip
+    probe = obs.get("probe")
+    if probe is not None and not probe.get("ok"):
+        return {"ok": False, "kind": "probe", "reason": "1-token completion: %s" % probe.get("error")}
+    return {"ok": True, "kind": "idle", "reason": "idle, completion answered"}
+
+
+# --------------------------------------------------------------------------
+# Bounded healing
+
+
+def new_state(now: float) -> Dict[str, Any]:
+    return {
+        "phase": "starting",
+        "phase_since": now,
+        "fails": 0,
+        "critical_ticks": 0,
+        "restarts": [],  # monotonic times of restarts inside the window (ours and systemd's)
+        "next_restart_at": None,
+        "n_restarts_seen": None,
+        "progress": None,
+        "progress_at": None,
+        "last_evict_at": None,
+        "reason": "watchdog started",
+        "epoch": 0,
+        "counts": {"wedges": 0, "restarts": 0, "floor_warn": 0, "floor_critical": 0, "gave_up": 0},
+    }
+
+
+def backoff_s(cfg: Dict[str, Any], restarts_in_window: int) -> float:
+    """Wait before the next restart: initial * 2^(k-1) after k restarts, capped."""
+    if restarts_in_window <= 0:
+        return 0.0
+    return min(cfg["backoff_max_s"], cfg["backoff_initial_s"] * (2 ** (restarts_in_window - 1)))
+
+
+def _set_phase(state: Dict[str, Any], phase: str, now: float, reason: str) -> None:
+    if state["phase"] != phase:
+        state["phase"] = phase
+        state["phase_since"] = now
+    state["reason"] = reason
+
+
+def decide(
+    cfg: Dict[str, Any], floors: Dict[str, Any], state: Dict[str, Any], obs: Dict[str, Any], now: float
+) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """The next state and the actions for one tick (rank 0 decides restarts; peers only evict and report).
+
+    Actions: ``{"do": "evict" | "restart" | "stop" | "record", "reason": ..., "evidence": {...}}``.
+    """
+    s = copy.deepcopy(state)
+    actions: List[Dict[str, Any]] = []
+    s["restarts"] = [t for t in s["restarts"] if now - t < cfg["window_s"]]
+    # restarts systemd made by itself (Restart=on-failure) count in the same window
+    seen = obs.get("n_restarts")
+    if isinstance(seen, int):
+        if s["n_restarts_seen"] is not None and seen > s["n_restarts_seen"]:
+            s["restarts"] += [now] * (seen - s["n_restarts_seen"])
+            s["counts"]["restarts"] += seen - s["n_restarts_seen"]
+        s["n_restarts_seen"] = seen
+    evidence = {k: obs.get(k) for k in ("unit", "local", "health", "metrics", "probe", "peers", "mem") if k in obs}
+
+    # memory floors: evict at the warning floor (every node), restart at the critical one (rank 0)
+    level, why = floor_level(obs.get("mem"), floors)
+    s["floor"] = level
+    if level == "critical":
+        s["critical_ticks"] += 1
+    else:
+        s["critical_ticks"] = 0
+    if level in ("warn", "critical"):
+        last = s.get("last_evict_at")
+        if last is None or now - last >= cfg["evict_every_s"]:
+            s["last_evict_at"] = now
+            s["counts"]["floor_warn"] += 1
+            actions.append({"do": "evict", "reason": why, "evidence": {"mem": obs.get("mem"), "floors": floors}})
+
+    if s["phase"] == "gave_up":
+        if obs.get("unit") in ("active", "activating") and s.get("stopped_by_us"):
+            # someone started the engine again by hand: watch it afresh
+            s["stopped_by_us"] = False
+            _set_phase(s, "starting", now, "engine started by an operator after the watchdog gave up")
+            actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
+        return s, actions
+
+    unit = obs.get("unit")
+    if unit is not None and unit not in ("active", "activating", "reloading"):
+        # stopped or failed not by us: an operator's stop or systemd's own start limit; never fight it
+        if s["phase"] != "stopped":
+            _set_phase(s, "stopped", now, "engine unit is %s (not stopped by the watchdog): watching only" % unit)
+            actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
+        s["fails"] = 0
+        return s, actions
+    if s["phase"] == "stopped":
+        _set_phase(s, "starting", now, "engine unit is %s again" % unit)
+    elif unit == "activating" and s["phase"] != "starting":
+        # systemd restarts it by itself (Restart=): a new start, counted through NRestarts
+        _set_phase(s, "starting", now, "engine unit is activating (restarted by systemd)")
+        s["fails"] = 0
+
+    verdict = liveness(cfg, obs, s, now)
+    metrics = obs.get("metrics")
+    if metrics and metrics.get("progress") is not None:
+        if s["progress"] is None or progressed(s["progress"], metrics["progress"]) or not is_busy(metrics):
+            s["progress"] = metrics["progress"]
+            s["progress_at"] = now
+    s["last_verdict"] = verdict
+
+    critical = level == "critical" and s["critical_ticks"] >= cfg["floor_samples"]
+    if critical:
+        verdict = {"ok": False, "kind": "floor", "reason": why}
+
+    if s["phase"] == "starting":
+        if verdict["ok"] and unit != "activating":
+            _set_phase(s, "healthy", now, verdict["reason"])
+            s["fails"] = 0
+            return s, actions
+        waited = now - s["phase_since"]
+        # a load is slow and its ranks appear one by one: only the floor or the
+        # start timeout end a start (a start whose process exits is systemd's)
+        if critical:
+            pass
+        elif waited < cfg["start_timeout_s"]:
+            return s, actions
+        else:
+            verdict = {"ok": False, "kind": "start_timeout", "reason": "not healthy %.0f s after start (%s)" % (
+                waited, verdict["reason"])}  # fmt: skip
+            s["fails"] = cfg["fail_threshold"]
+
+    if verdict["ok"]:
+        if s["phase"] in ("suspect", "backoff"):
+            _set_phase(s, "healthy", now, "recovered: %s" % verdict["reason"])
+        s["fails"] = 0
+        return s, actions
+
+    s["fails"] += 1
+    if critical:
+        s["fails"] = max(s["fails"], cfg["fail_threshold"])
+    if s["fails"] < cfg["fail_threshold"]:
+        _set_phase(s, "suspect", now, verdict["reason"])
+        return s, actions
+    if s["phase"] != "backoff":
+        s["counts"]["floor_critical" if critical else "wedges"] += 1
+    if cfg["rank"] != 0:
+        # peers report; rank 0 restarts the whole engine
+        _set_phase(s, "suspect", now, verdict["reason"])
+        return s, actions
+    if len(s["restarts"]) >= cfg["max_restarts"]:
+        s["counts"]["gave_up"] += 1
+        s["stopped_by_us"] = True
+        _set_phase(
+            s,
+            "gave_up",
+            now,
+            "gave up after %d restarts in %.0f s; last: %s" % (len(s["restarts"]), cfg["window_s"], verdict["reason"]),
+        )
+        actions.append({"do": "stop", "reason": s["reason"], "evidence": evidence})
+        return s, actions
+    wait = backoff_s(cfg, len(s["restarts"]))
+    last = max(s["restarts"]) if s["restarts"] else None
+    not_before = (last + wait) if last is not None else now
+    if now < not_before and not critical:
+        s["next_restart_at"] = not_before
+        _set_phase(s, "backoff", now, "%s; next restart in %.0f s" % (verdict["reason"], not_before - now))
+        return s, actions
+    s["restarts"].append(now)
+    s["counts"]["restarts"] += 1
+    s["epoch"] += 1
+    s["fails"] = 0
+    s["critical_ticks"] = 0
+    s["next_restart_at"] = None
+    s["progress"] = None
+    s["progress_at"] = None
+    _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
+    actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})
+    return s, actions
+
+
+# --------------------------------------------------------------------------
+# Peers: what a node publishes and how rank 0 reads it
+
+
+def peer_view(status: Optional[Dict[str, Any]], age_s: Optional[float], cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """A peer's published status as rank 0 sees it: ok / why not."""
+    if status is None:
+        return {"ok": False, "reason": "watchdog status unreachable for %.0f s" % (age_s or 0), "stale": True}
+    if age_s is not None and age_s > cfg["peer_timeout_s"]:
+        return {"ok": False, "reason": "status %.0f s old (bound %.0f s)" % (age_s, cfg["peer_timeout_s"])}
+    local = status.get("local") or {}
+    if status.get("unit") not in ("active", "activating", "reloading"):
+        return {"ok": False, "reason": "engine unit is %s" % status.get("unit")}
+    if not local.get("ok"):
+        return {"ok": False, "reason": local.get("reason") or "rank processes missing"}
+    return {"ok": True, "reason": "alive", "critical_floor": status.get("floor") == "critical"}
+
+
+def peer_reaction(leader: Optional[Dict[str, Any]], mine: Dict[str, Any]) -> Optional[str]:
+    """What a peer does after reading rank 0's status: None, "stop", "start" or "stay_stopped".
+
+    ``mine`` holds ``acked_stop``, ``acked_start`` (the epochs this peer has
+    carried out) and ``acked_gave_up`` (rank 0's give-ups it has carried out).
+    Rank 0 publishes ``epoch`` and, only while it restarts the
+    engine, the handshake phases ``restart_stop`` then ``restart_start``
+    (held until the peers acknowledge or ``peer_ack_timeout_s``), or
+    ``gave_up``. Any other phase is rank 0's own business: a peer that starts
+    (or restarts its watchdog) while rank 0 is healthy never touches its engine.
+    """
+    if not leader:
+        return None
+    epoch = leader.get("epoch") or 0
+    phase = leader.get("phase")
+    if phase == "gave_up":
+        # each give-up is counted by rank 0 (counts.gave_up); a peer carries each out once
+        given_up = (leader.get("counts") or {}).get("gave_up") or 0
+        return "stay_stopped" if given_up > (mine.get("acked_gave_up") or 0) else None
+    if epoch > (mine.get("acked_stop") or 0) and phase in ("restart_stop", "restart_start"):
+        return "stop"
+    if epoch > (mine.get("acked_start") or 0) and phase == "restart_start":
+        return "start"
+    return None
