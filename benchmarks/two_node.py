@@ -62,7 +62,7 @@ def wait_healthy(url: str, started: float, timeout: float = 600.0) -> float:
     raise SystemExit("no 200 from %s within %.0fs" % (url, timeout))
 
 
-def wait_gone(started: float, timeout: float, nodes=NODES) -> float:
+def wait_gone(started: float, timeout: float, nodes=tuple(NODES)) -> float:
     """Seconds until no vLLM process runs on ``nodes``; None at the timeout."""
     while time.monotonic() - started < timeout:
         if all(vllm_count(n) == 0 for n in nodes):
@@ -127,7 +127,7 @@ def fmt(value) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -390,7 +390,7 @@ def vllm_processes(root_pid: int, proc_root: str = "/proc") -> Dict[int, str]:
         except OSError:
             continue
         # pid (comm) state ppid ...: comm may hold spaces and parentheses
-        head, _, rest = raw.rpartition(")")
+        head, _paren, rest = raw.rpartition(")")
         fields = rest.split()
         if len(fields) < 2 or not fields[1].isdigit():
             continue

@@ -54,8 +54,8 @@ def test_per_rank_and_per_host_words_are_left_out_in_both_spellings():
 
 
 def test_ranks_of_one_engine_share_a_fingerprint_and_host_env_does_not_count():
-    a, _ = _ranks.fingerprint(config(RANK0, rank=0))
-    b, _ = _ranks.fingerprint(config(RANK1, rank=1))
+    a, _shared = _ranks.fingerprint(config(RANK0, rank=0))
+    b, _shared = _ranks.fingerprint(config(RANK1, rank=1))
     assert a == b and len(a) == 16
 
 
