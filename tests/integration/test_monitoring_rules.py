@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common
+from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_watchdog
 from ansible_collections.uma.vllm.plugins.module_utils import _metrics as m
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -80,6 +80,34 @@ def test_promtool_unit_tests_catch_a_wrong_threshold(promtool, tmp_path):
     assert result.returncode != 0 and "VllmKvCacheUsageHigh" in result.stdout + result.stderr
 
 
+@pytest.mark.parametrize(
+    "alert, old, new",
+    [
+        ("UmaVllmWatchdogGaveUp", "uma_vllm_watchdog_gave_up == 1", "uma_vllm_watchdog_gave_up == 2"),
+        ("UmaVllmWatchdogWedgeDetected", "wedges_total[10m]) > 0", "wedges_total[10m]) > 1"),
+        ("UmaVllmWatchdogWedgeDetected", "wedges_total[10m]) > 0", "wedges_total[20m]) > 0"),
+        ("UmaVllmWatchdogPeerRankDown", "peer_ok == 0\n        for: 2m", "peer_ok == 0\n        for: 0m"),
+        ("UmaVllmWatchdogPeerRankDown", "peer_ok == 0\n        for: 2m", "peer_ok == 0\n        for: 5m"),
+        ("UmaVllmWatchdogRestartsInWindow", "restarts_in_window >= 2", "restarts_in_window >= 1"),
+        ("UmaVllmWatchdogRestartsInWindow", "restarts_in_window >= 2", "restarts_in_window >= 3"),
+        ("UmaVllmWatchdogMemoryFloorWarning", '{level="warn"}[15m]) >= 3', '{level="warn"}[15m]) >= 1'),
+        ("UmaVllmWatchdogMemoryFloorWarning", '{level="warn"}[15m]) >= 3', '{level="warn"}[15m]) >= 4'),
+        ("UmaVllmWatchdogMemoryFloorCritical", '{level="critical"}[30m]) > 0', '{level=~".+"}[30m]) > 0'),
+        ("UmaVllmWatchdogStale", "watchdog_timestamp_seconds > 300", "watchdog_timestamp_seconds > 200"),
+        ("UmaVllmWatchdogStale", "watchdog_timestamp_seconds > 300", "watchdog_timestamp_seconds > 600"),
+    ],
+)
+def test_watchdog_rule_tests_catch_a_moved_threshold(promtool, tmp_path, alert, old, new):
+    """Each watchdog alert's tests fail when its threshold, window or `for:` moves either way."""
+    text = open(RULES, encoding="utf-8").read()
+    assert text.count(old) == 1, old
+    (tmp_path / "uma-vllm-rules.yml").write_text(text.replace(old, new))
+    shutil.copy(RULE_TESTS, str(tmp_path))
+    result = run([promtool, "test", "rules", os.path.basename(RULE_TESTS)], cwd=str(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "alertname: %s," % alert in out, out
+
+
 def test_every_alert_is_tested_firing_and_both_kv_metric_names_are_used():
     tests = load_yaml(RULE_TESTS)["tests"]
     fired = {t["alertname"] for group in tests for t in group.get("alert_rule_test", []) if t["exp_alerts"]}
@@ -88,11 +116,23 @@ def test_every_alert_is_tested_firing_and_both_kv_metric_names_are_used():
     assert "vllm:kv_cache_usage_perc{" in series and "vllm:gpu_cache_usage_perc{" in series
 
 
-def test_rules_and_dashboard_only_use_metrics_the_textfile_writes():
+def test_every_watchdog_alert_is_also_tested_quiet():
+    tests = load_yaml(RULE_TESTS)["tests"]
+    quiet = {t["alertname"] for group in tests for t in group.get("alert_rule_test", []) if not t["exp_alerts"]}
+    watchdog = {a for a in alerts() if a.startswith("UmaVllmWatchdog")}
+    assert len(watchdog) == 7, watchdog
+    assert watchdog <= quiet, watchdog - quiet
+
+
+def test_rules_and_dashboard_only_use_metrics_the_textfiles_write():
+    """The textfile collector's catalog (_metrics.METRICS) and the watchdog's (uma_watchdog.METRICS)."""
     text = open(RULES, encoding="utf-8").read() + open(DASHBOARD, encoding="utf-8").read()
-    used = set(re.findall(r"\buma_vllm_[a-z_]+", text))
+    used = set(re.findall(r"\buma_vllm_[a-z_]*[a-z]\b", text))  # not the uma_vllm_watchdog_<engine>.prom file name
+    known = set(m.METRICS) | set(uma_watchdog.METRICS)
     assert used, "no uma_vllm_ metric used"
-    assert used <= set(m.METRICS), used - set(m.METRICS)
+    assert used <= known, used - known
+    watchdog_used = {name for name in used if name.startswith("uma_vllm_watchdog_")}
+    assert watchdog_used == set(uma_watchdog.METRICS), set(uma_watchdog.METRICS) - watchdog_used
 
 
 def _node_tree(tmp_path):
@@ -143,6 +183,8 @@ def dashboard_errors(dash):
     for panel in dash.get("panels", []):
         where = "panel %s (%s)" % (panel.get("id"), panel.get("title"))
         kind = panel.get("type")
+        if kind == "row":  # a row holds no query; the dashboard schema's RowPanel checks it
+            continue
         if kind not in ("timeseries", "stat", "gauge"):
             errors.append("%s: panel type %r has no schema here" % (where, kind))
             continue
@@ -163,7 +205,18 @@ def test_dashboard_validates_against_grafanas_schemas():
         dash = json.load(handle)
     assert dashboard_errors(dash) == []
     titles = " ".join(p["title"] for p in dash["panels"]).lower()
-    for needed in ("kv cache", "running / waiting", "tokens / s", "p99", "node memory"):
+    for needed in (
+        "kv cache",
+        "running / waiting",
+        "tokens / s",
+        "p99",
+        "node memory",
+        "watchdog phase",
+        "watchdog probe latency",
+        "wedges, restarts, floor events",
+        "peer ranks down",
+        "heartbeat age",
+    ):
         assert needed in titles, needed
 
 
@@ -176,6 +229,8 @@ def test_dashboard_validates_against_grafanas_schemas():
         lambda d: d["panels"][0]["options"].pop("reduceOptions"),
         lambda d: d["panels"][5]["targets"][0].pop("expr"),
         lambda d: d["templating"]["list"][1].update(type="dropdown"),
+        lambda d: next(p for p in d["panels"] if p["type"] == "row").pop("collapsed"),
+        lambda d: next(p for p in d["panels"] if p["title"] == "Watchdog phase")["options"].update(textMode="phase"),
     ],
 )
 def test_schema_validation_rejects_a_broken_dashboard(breakage):
@@ -191,7 +246,7 @@ def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
         dash = json.load(handle)
     rules = []
     for panel in dash["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):
             expr = target["expr"].replace("$__rate_interval", "5m").replace("$host", "spark1")
             rules.append({"record": "dashboard:panel%d:%s" % (panel["id"], target["refId"].lower()), "expr": expr})
     path = tmp_path / "dashboard-queries.yml"
