@@ -14,6 +14,8 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
+
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # pragma: no cover - the unit tests run with ansible installed
@@ -247,20 +249,7 @@ def ray_args(args: List[str]) -> List[str]:
     """Planned multi-node mp flags -> the flags of the Ray head: vLLM refuses --nnodes with Ray
     ('nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher');
     Ray places the ranks itself."""
-    out: List[str] = []
-    skip = False
-    for word in args:
-        if skip:
-            skip = False
-            continue
-        flag = word.split("=", 1)[0]
-        if flag in MULTINODE_WITH_VALUE:
-            skip = "=" not in word
-            continue
-        if flag in MULTINODE_BARE:
-            continue
-        out.append(word)
-    return [*out, "--distributed-executor-backend", "ray"]
+    return [*strip_flags(args, MULTINODE_WITH_VALUE, MULTINODE_BARE), "--distributed-executor-backend", "ray"]
 
 
 def cluster_env(

@@ -89,8 +89,8 @@ def validate_cluster(cluster: Any) -> Optional[Dict[str, Any]]:
     return out
 
 
-def strip_per_rank(argv: List[str]) -> List[str]:
-    """The argv without the words that differ between ranks or hosts."""
+def strip_flags(argv: List[str], with_value: Tuple[str, ...], bare: Tuple[str, ...]) -> List[str]:
+    """``argv`` without the flags ``with_value`` (``--f V`` or ``--f=V``) and ``bare`` (``--f``)."""
     out: List[str] = []
     skip = False
     for word in argv:
@@ -98,13 +98,18 @@ def strip_per_rank(argv: List[str]) -> List[str]:
             skip = False
             continue
         flag = word.split("=", 1)[0]
-        if flag in PER_RANK_WITH_VALUE:
+        if flag in with_value:
             skip = "=" not in word
             continue
-        if flag in PER_RANK_BARE:
+        if flag in bare:
             continue
         out.append(word)
     return out
+
+
+def strip_per_rank(argv: List[str]) -> List[str]:
+    """The argv without the words that differ between ranks or hosts."""
+    return strip_flags(argv, PER_RANK_WITH_VALUE, PER_RANK_BARE)
 
 
 def fingerprint(config: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:

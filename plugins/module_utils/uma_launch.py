@@ -383,18 +383,7 @@ def model_files(model_path: Optional[str]) -> List[str]:
 
 def evict_files(paths: List[str]) -> int:
     """posix_fadvise(DONTNEED) over each file; returns the bytes asked to go."""
-    total = 0
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            total += os.fstat(fd).st_size
-            uma_guard.fadvise_dontneed(fd)
-        finally:
-            os.close(fd)
-    return total
+    return uma_guard.evict_paths(paths)[0]
 
 
 def drop_caches(proc_root: str, level: int = 1) -> None:

@@ -299,17 +299,7 @@ class Watchdog:
                 return {"scope": "global", "error": str(err)}
         total, files = 0, 0
         if self.cfg.get("model_path"):
-            for path, _size, _dev, _ino in uma_guard.iter_files([self.cfg["model_path"]]):
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
-                    continue
-                try:
-                    total += os.fstat(fd).st_size
-                    uma_guard.fadvise_dontneed(fd)
-                    files += 1
-                finally:
-                    os.close(fd)
+            total, files = uma_guard.evict_paths(entry[0] for entry in uma_guard.iter_files([self.cfg["model_path"]]))
         return {"scope": "model", "files": files, "bytes_advised": total}
 
     def stop_own(self) -> Dict[str, Any]:
