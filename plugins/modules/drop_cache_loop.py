@@ -221,15 +221,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_guard
 from ansible_collections.uma.vllm.plugins.module_utils._common import (
     UmaError,
     atomic_write_json,
+    check_path,
     read_json,
     require_int,
 )
+from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
 from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import (
     NodeFile,
     files_fingerprint,
@@ -327,6 +327,20 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
             raise UmaError(
                 option, value, "is not an absolute path without spaces", "Give e.g. /usr/local/lib/uma-vllm."
             )
+    check_path("proc_root", req.proc_root, fix="Give the node's /proc.")
+    for option in ("lib_dir", "run_dir"):
+        value = getattr(req, option)
+        if os.path.lexists(value) and not os.path.isdir(value):
+            raise UmaError(option, value, "exists and is not a directory", "Give a directory (or a path to create).")
+    for name in ("guard-%s.json" % req.name, "guard-%s.unit.json" % req.name):
+        path = os.path.join(req.run_dir, name)
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+            raise UmaError(
+                "run_dir",
+                req.run_dir,
+                "holds %s, which is not a regular file" % path,
+                "Remove it; the module writes the guard's status there.",
+            )
     if req.state == "stopped":
         return {}
     if req.mode not in uma_guard.MODES:
@@ -380,12 +394,25 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
             raise UmaError(
                 "until_pid",
                 req.until_pid,
-                "is not a running process on the node",
+                "is not a running process on the node (no %s under proc_root)" % os.path.join(req.proc_root, str(pid)),
                 "Start the loader first, then the guard.",
             )
     samples = req.samples_file
     if samples is not None and (not isinstance(samples, str) or not os.path.isabs(samples)):
         raise UmaError("samples_file", samples, "is not an absolute path", "Give e.g. /var/tmp/guard-samples.jsonl.")
+    if samples is not None:
+        check_path("samples_file", samples, fix="Give e.g. /var/tmp/guard-samples.jsonl.")
+        if os.path.lexists(samples) and (os.path.islink(samples) or not os.path.isfile(samples)):
+            raise UmaError(
+                "samples_file",
+                samples,
+                "exists and is a symlink or not a regular file (the root guard never follows links)",
+                "Give a new file in a directory only root can write, e.g. /run/uma-vllm/samples-NAME.jsonl.",
+            )
+        if not os.path.isdir(os.path.dirname(samples)):
+            raise UmaError(
+                "samples_file", samples, "is not in an existing directory", "Give a file in an existing directory."
+            )
     needs_drop = req.mode == "global" or (req.mode == "adaptive" and not clean)
     drop = os.path.join(req.proc_root, "sys", "vm", "drop_caches")
     if needs_drop and not os.access(drop, os.W_OK):
@@ -641,7 +668,7 @@ def result(p: GuardPlan, status: Optional[Dict[str, Any]], pid: int, active: Opt
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = strict_module(
         argument_spec=dict(
             state=dict(type="str", default="started", choices=["started", "stopped"]),
             name=dict(type="str", required=True),
