@@ -9,9 +9,9 @@ node-side programs (guard, launcher) and by the unit tests alike.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
-import errno
 import os
 import re
 import tempfile

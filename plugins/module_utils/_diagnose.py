@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -529,9 +530,15 @@ def parse_samples(text_or_list: Any) -> List[Dict[str, float]]:
                 continue
     out = []
     for row in rows:
-        if isinstance(row, dict) and isinstance(row.get("t"), (int, float)):
-            out.append(row)
+        if not isinstance(row, dict) or not _finite(row.get("t")):
+            continue
+        # a value that is not a finite number (1e999, NaN, a string) is dropped, not plotted
+        out.append({k: v for k, v in row.items() if k == "t" or _finite(v) or not isinstance(v, (int, float))})
     return sorted(out, key=lambda r: r["t"])
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def launch_epoch(record: Optional[Dict[str, Any]]) -> Optional[float]:

@@ -32,7 +32,7 @@ _PLAIN_NUMBER_RE = re.compile(r"\s*[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0
 def _raw_args() -> Dict[str, Any]:
     try:
         loaded = basic._load_params()
-    except Exception:  # noqa: BLE001 - AnsibleModule reports unreadable input itself
+    except Exception:
         return {}
     return loaded if isinstance(loaded, dict) else {}
 

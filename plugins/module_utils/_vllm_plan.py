@@ -676,7 +676,7 @@ INT_LIMITS = {
     "max_num_seqs": (1, 1 << 20),
     "max_num_batched_tokens": (1, 1 << 31),
     "block_size": (1, 1 << 16),
-    "kv_cache_memory_bytes": (1, 1 << 50),
+    "kv_cache_memory_bytes": (1 << 20, 1 << 50),  # below 1 MiB no KV block of any model fits
 }
 FLOAT_LIMITS = {
     "total_memory_gib": 1 << 20,
@@ -859,7 +859,6 @@ def _require_flag(flag: str, version: versions.Version, option: str, value: Any)
 def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
     """Validate every option and read the model; nothing is touched."""
     warnings: List[str] = []
-    check_scalars(params)
     version_text = params.get("vllm_version") or versions.DEFAULT_VERSION
     version = versions.parse_version("vllm_version", version_text)
     if version > versions.NEWEST_KNOWN:
@@ -906,6 +905,7 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
             "cannot be read as a model config (%s: %s)" % (type(err).__name__, err),
             "Give the unmodified config.json of a Hugging Face model.",
         ) from None
+    check_scalars(params)
 
     tp = _opt_int(params, "tensor_parallel_size", 1)
     pp = _opt_int(params, "pipeline_parallel_size", 1)

@@ -307,6 +307,8 @@ class GuardPlan:
 def _number(option: str, value: Any, minimum_exclusive: float, maximum: float, fix: str) -> float:
     if isinstance(value, bool):
         raise UmaError(option, value, "is a boolean, not a number", fix)
+    if isinstance(value, str) and not value.isascii():
+        raise UmaError(option, value, "is not a number (digits 0-9 only)", fix)
     try:
         number = float(value)
     except (TypeError, ValueError):

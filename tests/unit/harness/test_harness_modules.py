@@ -22,7 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import harness_core as h
 import pytest
@@ -41,8 +41,8 @@ from ansible_collections.uma.vllm.plugins.modules import (
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "modules"))
-from test_drop_cache_loop import FakeGuardSystemd  # noqa: E402
-from test_readahead_window import FakeSystemd  # noqa: E402
+from test_drop_cache_loop import FakeGuardSystemd
+from test_readahead_window import FakeSystemd
 
 EXAMPLES = int(os.environ.get("UMA_HARNESS_EXAMPLES", "1000"))
 PYTHON = "/usr/bin/python3"
@@ -270,7 +270,7 @@ class Readahead(Target):
         }
 
     def runner(self):
-        return lambda argv: self._fake(argv)
+        return self._fake
 
     def extra_patches(self):
         return [(_blockdev, "page_kb", lambda: 4)]
@@ -334,7 +334,7 @@ class Guard(Target):
         }
 
     def runner(self):
-        return lambda argv: self._fake(argv)
+        return self._fake
 
     def extra_patches(self):
         return [(drop_cache_loop, "_sleep", lambda s: None)]
@@ -465,7 +465,7 @@ class Flags(Target):
         if kind == "model_path":
             args.pop("model_config")
             args["model_path"] = os.path.join(root, "model")
-            damage = data.draw(st.sampled_from(h.DAMAGE + ["wrong_shape"]), label="config damage")
+            damage = data.draw(st.sampled_from([*h.DAMAGE, "wrong_shape"]), label="config damage")
             cfg = os.path.join(root, "model/config.json")
             if damage == "wrong_shape":
                 _write(cfg, json.dumps({"num_attention_heads": "x", "hidden_size": [1], "num_hidden_layers": None}))
@@ -494,7 +494,7 @@ class Flags(Target):
             ),
             label="config key",
         )
-        value = data.draw(st.sampled_from(h.GENERIC + [3, "2", 7]), label="config value")
+        value = data.draw(st.sampled_from([*h.GENERIC, 3, "2", 7]), label="config value")
         cfg = dict(args["model_config"])
         cfg[key] = value
         args["model_config"] = cfg
@@ -682,7 +682,7 @@ def test_bad_inputs(target):
                 rel = data.draw(st.sampled_from(sorted(target.faults)), label="fault file")
                 how = data.draw(st.sampled_from(h.DAMAGE), label="damage")
                 h.damage(os.path.join(root, rel), how)
-                names = list(target.faults[rel]) + [os.path.basename(rel)]
+                names = [*list(target.faults[rel]), os.path.basename(rel)]
             else:
                 args, names, nonsense = target.special(data, root, args)
             check_mode = data.draw(st.booleans(), label="check_mode")
