@@ -425,6 +425,19 @@ def _other_launches(state_dir, engine, limit=20):
     return out
 
 
+def _boot_time(proc_root):
+    """Boot time (Unix seconds) from /proc/stat's btime, or None."""
+    try:
+        text = read_text(os.path.join(proc_root, "stat")) or ""
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == "btime" and fields[1].isdigit() and fields[1].isascii():
+            return float(fields[1])
+    return None
+
+
 def _sysctls(proc_root, keys):
     values = {}
     for key in keys:
@@ -546,10 +559,13 @@ def diagnose_node(p, lines, timeout, settings):
         meminfo = {}
         sources["meminfo"] = "%s/meminfo: %s" % (p["proc_root"], exc.strerror)
     sysctl = _sysctls(p["proc_root"], p["sysctl_keys"])
+    boot_time = _boot_time(p["proc_root"])
     engines = list(p["engines"]) or _launch_dirs(p["state_dir"]) or [None]
     diagnoses, timelines, sections = [], [], []
     for engine in engines:
         evidence = {"dmesg": kernel or "", "meminfo": meminfo, "sysctl": sysctl, "engine": engine}
+        if boot_time is not None:
+            evidence["boot_time"] = boot_time  # places plain dmesg's seconds-since-boot lines in time
         if engine:
             if p["journal_dir"]:
                 evidence["journal"] = _read_file(
