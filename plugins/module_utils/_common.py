@@ -108,7 +108,10 @@ def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _nothing_replaced(exc, path) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(content)
@@ -116,12 +119,21 @@ def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise _nothing_replaced(exc, path) from exc
         raise
+
+
+def _nothing_replaced(exc: OSError, path: str) -> OSError:
+    """The same error, saying that nothing was half-written (every caller's message then says so)."""
+    return type(exc)(
+        exc.errno, "%s; nothing replaced, %s stays as it was" % (exc.strerror or exc, path), exc.filename or path
+    )
 
 
 def atomic_write_json(path: str, data: Any, mode: int = 0o644) -> None:
