@@ -415,6 +415,14 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
             raise UmaError(
                 "samples_file", samples, "is not in an existing directory", "Give a file in an existing directory."
             )
+        info = os.stat(os.path.dirname(samples))
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise UmaError(
+                "samples_file",
+                samples,
+                "is in a directory another user can write (the root guard would write where they point it)",
+                "Give a file in a directory only root can write, e.g. /run/uma-vllm/samples-NAME.jsonl.",
+            )
     needs_drop = req.mode == "global" or (req.mode == "adaptive" and not clean)
     drop = os.path.join(req.proc_root, "sys", "vm", "drop_caches")
     if needs_drop and not os.access(drop, os.W_OK):
