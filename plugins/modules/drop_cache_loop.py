@@ -610,6 +610,44 @@ def execute(p: GuardPlan, systemd: Systemd, warn: Any = None) -> Dict[str, Any]:
     return _wait_for_status(p, systemd, warn)
 
 
+def guard_hardening(req: GuardRequest, config: Dict[str, Any]) -> List[str]:
+    """Least privilege for the guard's unit: only what its mode needs (issue 10).
+
+    It reads the model files and /proc, writes its status (and samples) under run_dir, and
+    only in global/adaptive-without-paths mode writes /proc/sys/vm/drop_caches (CAP_SYS_ADMIN,
+    kernel tunables writable). Everything else is read-only or absent.
+    """
+    drops = config.get("mode") == "global" or (config.get("mode") == "adaptive" and not config.get("paths"))
+    writable = [req.run_dir]
+    if config.get("samples_file"):
+        writable.append(os.path.dirname(config["samples_file"]))
+    props = [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths=%s" % " ".join("-" + w for w in writable),
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "PrivateNetwork=%s" % ("no" if config.get("until_url") else "yes"),
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "RestrictNamespaces=yes",
+        "RestrictRealtime=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "MemoryDenyWriteExecute=yes",
+        "SystemCallArchitectures=native",
+        "RestrictAddressFamilies=%s" % ("AF_UNIX AF_INET AF_INET6" if config.get("until_url") else "AF_UNIX"),
+        "CapabilityBoundingSet=%s" % ("CAP_DAC_READ_SEARCH CAP_SYS_ADMIN" if drops else "CAP_DAC_READ_SEARCH"),
+    ]
+    if not drops:
+        props.append("ProtectKernelTunables=yes")
+    return props
+
+
 def _run_unit(p: GuardPlan, systemd: Systemd) -> None:
     req = p.request
     systemd.run(
@@ -621,6 +659,7 @@ def _run_unit(p: GuardPlan, systemd: Systemd) -> None:
             "RuntimeMaxSec=%d" % (int(p.config["max_duration"]) + RUNTIME_MARGIN_S),
             "TimeoutStopSec=20",
             "Environment=PYTHONDONTWRITEBYTECODE=1",
+            *guard_hardening(req, p.config),
         ],
     )
 
