@@ -615,7 +615,8 @@ def guard_hardening(req: GuardRequest, config: Dict[str, Any]) -> List[str]:
 
     It reads the model files and /proc, writes its status (and samples) under run_dir, and
     only in global/adaptive-without-paths mode writes /proc/sys/vm/drop_caches (CAP_SYS_ADMIN,
-    kernel tunables writable). Everything else is read-only or absent.
+    kernel tunables writable). Everything else is read-only or absent. No MemoryDenyWriteExecute:
+    the guard imports ctypes, whose import makes a libffi closure on some platforms.
     """
     drops = config.get("mode") == "global" or (config.get("mode") == "adaptive" and not config.get("paths"))
     writable = [req.run_dir]
@@ -638,7 +639,6 @@ def guard_hardening(req: GuardRequest, config: Dict[str, Any]) -> List[str]:
         "RestrictRealtime=yes",
         "RestrictSUIDSGID=yes",
         "LockPersonality=yes",
-        "MemoryDenyWriteExecute=yes",
         "SystemCallArchitectures=native",
         "RestrictAddressFamilies=%s" % ("AF_UNIX AF_INET AF_INET6" if config.get("until_url") else "AF_UNIX"),
         "CapabilityBoundingSet=%s" % ("CAP_DAC_READ_SEARCH CAP_SYS_ADMIN" if drops else "CAP_DAC_READ_SEARCH"),
