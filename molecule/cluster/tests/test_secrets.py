@@ -4,6 +4,8 @@ process's command line or the results the roles registered (dumped by converge.y
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 CANARY = "uma-lab-key-not-secret"  # inventories/lab/group_vars/spark.yml uma_lab_api_key
@@ -24,8 +26,10 @@ WRITTEN = [
 
 @pytest.fixture
 def canary_file(host):
-    # grep reads the pattern from a file, so its own command line does not carry the canary
-    host.check_output("umask 077; printf '%%s\\n' '%s' > /root/.uma-canary" % CANARY)
+    # grep reads the pattern from a file, so its own command line does not carry the canary; the
+    # file is written from base64, so this command (logged by Ansible's module) does not carry it either
+    encoded = base64.b64encode((CANARY + "\n").encode()).decode()
+    host.check_output("umask 077; echo %s | base64 -d > /root/.uma-canary" % encoded)
     yield "/root/.uma-canary"
     host.run("rm -f /root/.uma-canary")
 
