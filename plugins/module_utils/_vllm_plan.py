@@ -674,7 +674,7 @@ INT_LIMITS = {
     "master_port": (1, 65535),
     "max_model_len": (1, 1 << 31),
     "max_num_seqs": (1, 1 << 20),
-    "max_num_batched_tokens": (1, 1 << 31),
+    "max_num_batched_tokens": (1, 1 << 24),
     "block_size": (1, 1 << 16),
     "kv_cache_memory_bytes": (1 << 20, 1 << 50),  # below 1 MiB no KV block of any model fits
 }
@@ -810,11 +810,13 @@ def check_model_config(config: Any, option: str, depth: int = 0) -> None:
         value = config.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < (1 << 40):
+        # sizes of real models stay far below these (the largest vocabularies are ~2**18)
+        limit = (1 << 31) if key in ("max_position_embeddings", "sliding_window") else (1 << 24)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
             raise UmaError(
                 option,
                 {key: value},
-                "'%s' is not a whole number from 0 to 2**40 (config.json holds numbers, not strings)" % key,
+                "'%s' is not a whole number from 0 to %d (config.json holds numbers, not strings)" % (key, limit),
                 "Fix the value in config.json.",
             )
     archs = config.get("architectures")
