@@ -174,9 +174,36 @@ def check(
                 _err("vllm_service_native_command", settings.get("native_command"), "is empty",
                      "Give the engine command before the model, e.g. [/opt/vllm/bin/vllm, serve].")
             )  # fmt: skip
+        errors.extend(_check_secrets(where, engine))
         nodes = engine.get("nodes") or []
         if nodes:
             errors.extend(_check_nodes(where, engine, nodes, known, addrs))
+    return errors
+
+
+# Secrets travel only through the 0600 EnvironmentFile (issue 10): a secret-looking env key or a
+# secret flag on the command line is refused, naming the key or flag, never echoing its value.
+SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+
+
+def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
+    errors = []
+    for key in engine.get("env") or {}:
+        if isinstance(key, str) and SECRET_ENV_RE.search(key) and key not in (engine.get("secret_keys") or []):
+            errors.append(
+                "%s.env: %s looks like a secret; env values go to the engine's 0644 config and launch record."
+                " Fix: move it to %s.secrets (only the 0600 EnvironmentFile gets those)." % (where, key, where)
+            )
+    words = list((engine.get("plan") or {}).get("extra_args") or []) + list(engine.get("command") or [])
+    for word in words:
+        flag = str(word).split("=", 1)[0]
+        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+        if flag in SECRET_FLAGS:
+            errors.append(
+                "%s: %s puts a secret on the command line (ps, journal, 0644 config). Fix: drop it and set"
+                " %s.secrets.%s; vLLM reads it from the environment." % (where, flag, where, SECRET_FLAGS[flag])
+            )
     return errors
 
 

@@ -39,9 +39,17 @@ try:
         managed_header,
         read_json,
         read_text,
+        systemd_quote,
     )
 except ImportError:  # pragma: no cover - node-side use without Ansible
-    from _common import UmaError, atomic_write_json, managed_header, read_json, read_text  # type: ignore[no-redef]
+    from _common import (  # type: ignore[no-redef]
+        UmaError,
+        atomic_write_json,
+        managed_header,
+        read_json,
+        read_text,
+        systemd_quote,
+    )
 
 RECORD_PREFIX = "readahead-"
 RECORD_VERSION = 1
@@ -243,7 +251,7 @@ def resolve_device(
         raise UmaError(
             option,
             value,
-            "is not a block device on the node (no %s)" % link,
+            "is not a block device on the node (no %s under sysfs_root)" % link,
             "List the node's devices with 'lsblk' and give one of them.",
         )
     devices = _expand(os.path.realpath(link), sysfs_root, set())
@@ -413,7 +421,7 @@ def restore_command(
 
 
 def render_boot_unit(python: str, lib_dir: str, state_dir: str, sysfs_root: str = "/sys") -> str:
-    command = " ".join(restore_command(python, lib_dir, sysfs_root, state_dir=state_dir))
+    command = " ".join(systemd_quote(arg) for arg in restore_command(python, lib_dir, sysfs_root, state_dir=state_dir))
     body = (
         "[Unit]\n"
         "Description=uma.vllm: put back read_ahead_kb values left throttled by an open readahead window\n"

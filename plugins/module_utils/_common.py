@@ -9,11 +9,15 @@ node-side programs (guard, launcher) and by the unit tests alike.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import re
 import tempfile
 from typing import Any, Dict, Iterable, Optional
+
+_INT_RE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 
 MANAGED_MARKER = "Managed by uma.vllm"
 
@@ -82,9 +86,14 @@ def parse_fingerprint(text: str, comment: str = "#") -> Optional[Dict[str, Any]]
 
 
 def read_text(path: str) -> Optional[str]:
-    """File content, or None when the file does not exist."""
+    """File content, or None when the file does not exist.
+
+    Bytes that are not UTF-8 become U+FFFD instead of an exception: a file
+    damaged on the node is drift or evidence, never a traceback. Other OS
+    errors (a directory in its place, a symlink loop) propagate as OSError.
+    """
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
     except FileNotFoundError:
         return None
@@ -99,7 +108,10 @@ def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise _nothing_replaced(exc, path) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(content)
@@ -107,12 +119,21 @@ def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise _nothing_replaced(exc, path) from exc
         raise
+
+
+def _nothing_replaced(exc: OSError, path: str) -> OSError:
+    """The same error, saying that nothing was half-written (every caller's message then says so)."""
+    return type(exc)(
+        exc.errno, "%s; nothing replaced, %s stays as it was" % (exc.strerror or exc, path), exc.filename or path
+    )
 
 
 def atomic_write_json(path: str, data: Any, mode: int = 0o644) -> None:
@@ -132,7 +153,7 @@ def read_json(path: str) -> Optional[Any]:
 def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:
     """/proc/meminfo as a dict of bytes (``{"MemTotal": 25769803776, ...}``)."""
     result: Dict[str, int] = {}
-    with open(os.path.join(proc_root, "meminfo"), encoding="ascii") as handle:
+    with open(os.path.join(proc_root, "meminfo"), encoding="ascii", errors="replace") as handle:
         for line in handle:
             key, _unused, rest = line.partition(":")
             fields = rest.split()
@@ -162,7 +183,7 @@ def require_int(
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    elif isinstance(value, str) and _INT_RE.fullmatch(value):
         number = int(value.strip())
     else:
         raise UmaError(option, value, "is not an integer", fix or "Give a whole number.")
@@ -171,6 +192,77 @@ def require_int(
     if maximum is not None and number > maximum:
         raise UmaError(option, value, "is above the maximum %d" % maximum, fix or "Give a value <= %d." % maximum)
     return number
+
+
+_PLAIN_ARG_RE = re.compile(r"[A-Za-z0-9_./+:=@,-]+", re.ASCII)
+
+
+def systemd_quote(arg: str) -> str:
+    """One word of a unit's Exec*= line, quoted by systemd.service(5)'s rules.
+
+    Plain words stay as they are; anything else is double-quoted with C-style
+    escapes for backslash, quote, and control characters, ``%%`` for a
+    specifier and ``$$`` for a variable, so the value reaches the program as
+    one argument and can never start a new line or a new setting.
+    """
+    text = str(arg)
+    if _PLAIN_ARG_RE.fullmatch(text):
+        return text
+    out = []
+    for char in text:
+        if char == "\\":
+            out.append("\\\\")
+        elif char == '"':
+            out.append('\\"')
+        elif char == "%":
+            out.append("%%")
+        elif char == "$":
+            out.append("$$")
+        elif char == "\n":
+            out.append("\\n")
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append("\\x%02x" % ord(char))
+        else:
+            out.append(char)
+    return '"%s"' % "".join(out)
+
+
+def check_path(option: str, value: Any, absolute: bool = True, fix: str = "") -> str:
+    """A path option: a string, no NUL or line break, absolute unless told otherwise."""
+    if not isinstance(value, str) or not value:
+        raise UmaError(option, value, "is not a path", fix or "Give an absolute path.")
+    if "\x00" in value or "\n" in value or "\r" in value:
+        raise UmaError(option, value, "contains a NUL or line-break character", fix or "Give an absolute path.")
+    if absolute and not os.path.isabs(value):
+        raise UmaError(option, value, "is not an absolute path", fix or "Give an absolute path.")
+    return value
+
+
+def path_error(err: OSError, options: Dict[str, Any], fix: str = "") -> UmaError:
+    """An OSError from a path the options point at, as a UmaError naming the option.
+
+    The option whose value is the longest prefix of the failing file name is
+    blamed (the first one when none matches), with the OS's own reason.
+    """
+    filename = str(err.filename or "")
+    best, best_len = None, -1
+    for option, value in options.items():
+        for candidate in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(candidate, str) or not candidate:
+                continue
+            if (filename == candidate or filename.startswith(candidate.rstrip("/") + "/")) and len(
+                candidate
+            ) > best_len:
+                best, best_len = option, len(candidate)
+    if best is None:
+        best = next(iter(options))
+    reason = err.strerror or errno.errorcode.get(err.errno or 0, str(err))
+    return UmaError(
+        best,
+        options[best],
+        "%s cannot be used (%s)" % (filename or "a path under it", reason),
+        fix or "Point %s at a directory/file of the expected kind that root can read and write." % best,
+    )
 
 
 def unified_diff_dict(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -66,7 +67,15 @@ DEFAULTS = {
     # Reserved-but-unallocated PyTorch memory (bytes) that alone points to fragmentation.
     "fragment_bytes": 1 * GIB,
     "page_size": 4096,
+    # Prompt throughput (tokens/s) from which the last stats line counts as load; below it (and with
+    # nothing waiting) an OOM is not blamed on a burst. A few requests trickling in are not a burst.
+    "load_prompt_tps": 1000.0,
+    # Seconds after the launch's failure during which kernel lines still belong to it.
+    "after_failure_s": 120.0,
 }
+
+_REL_TIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
+_MEMORY_WORDS = re.compile(r"memory|OutOfMemory|NO_MEMORY|KV cache|oom|CUDA error", re.IGNORECASE)
 
 # ---------------------------------------------------------------------------
 # Small parsers
@@ -212,6 +221,10 @@ def parse_kernel_log(text: str, page_size: int = 4096) -> Dict[str, Any]:
             kind = "oom_file_pages"
             data = {"file_bytes": (int(m.group(1)) + int(m.group(2))) * page_size}
         if kind:
+            if when is None:
+                rel = _REL_TIME_RE.match(line)
+                if rel:
+                    data["rel_t"] = float(rel.group(1))  # plain dmesg: seconds since boot
             events.append({"kind": kind, "line": line.strip(), "n": number, "t": when, **data})
     kinds = {e["kind"] for e in events}
     return {
@@ -531,9 +544,15 @@ def parse_samples(text_or_list: Any) -> List[Dict[str, float]]:
                 continue
     out = []
     for row in rows:
-        if isinstance(row, dict) and isinstance(row.get("t"), (int, float)):
-            out.append(row)
+        if not isinstance(row, dict) or not _finite(row.get("t")):
+            continue
+        # a value that is not a finite number (1e999, NaN, a string) is dropped, not plotted
+        out.append({k: v for k, v in row.items() if k == "t" or _finite(v) or not isinstance(v, (int, float))})
     return sorted(out, key=lambda r: r["t"])
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def launch_epoch(record: Optional[Dict[str, Any]]) -> Optional[float]:
@@ -664,13 +683,28 @@ def gather_facts(evidence: Dict[str, Any], settings: Optional[Dict[str, Any]] = 
             return "startup"
         return "runtime" if launch_healthy and failed_at is None else "startup"
 
+    boot_time = evidence.get("boot_time")
+    boot_time = float(boot_time) if isinstance(boot_time, (int, float)) and not isinstance(boot_time, bool) else None
     for event in kernel["events"]:
+        if event.get("t") is None and event.get("rel_t") is not None:
+            # plain dmesg counts seconds since boot: placed with the boot time, or not placed at all
+            if boot_time is not None:
+                event["t"] = boot_time + event["rel_t"]
+            elif started is not None:
+                event["phase"] = "unplaced"
+                continue
         # Only what happened since this launch started counts for it (older lines are history).
         if started is not None and event.get("t") is not None and event["t"] < started - 5:
             event["phase"] = "before"
+        elif (
+            failed_at is not None
+            and event.get("t") is not None
+            and event["t"] > failed_at + float(cfg["after_failure_s"])
+        ):
+            event["phase"] = "after"
         else:
             event["phase"] = kernel_phase(event)
-    k_now = [e for e in kernel["events"] if e["phase"] != "before"]
+    k_now = [e for e in kernel["events"] if e["phase"] not in ("before", "after", "unplaced")]
 
     def kinds(phase: str) -> set:
         return {e["kind"] for e in k_now if e["phase"] == phase}
@@ -762,9 +796,27 @@ def _startup_failure(f: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [e for e in run["ooms"] if e["phase"] == "startup"] + list(run["killed"])
 
 
+def _engine_error_not_memory(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The focus run's first exception when it is not about memory (an unknown architecture, a bad flag)."""
+    run = f["focus"]
+    errors = [e for e in (run or {}).get("events", []) if e["kind"] == "exception"]
+    if errors and not _MEMORY_WORDS.search(errors[0]["line"]) and not (run or {}).get("ooms"):
+        return errors[0]
+    return None
+
+
 def _kernel_hit(f: Dict[str, Any]) -> bool:
-    """A kernel OOM sign during a start that failed."""
-    return f["startup_failed"] and bool(f["kernel_startup"] & {"nv_no_memory", "oom_invoked", "oom_killed"})
+    """A kernel OOM sign during a start that failed.
+
+    A lone NV_ERR_NO_MEMORY line (the driver logs it at rest and during starts that went healthy)
+    does not outweigh the engine's own error when that error is not about memory.
+    """
+    if not f["startup_failed"]:
+        return False
+    kinds = f["kernel_startup"]
+    if kinds & {"oom_invoked", "oom_killed"}:
+        return True
+    return "nv_no_memory" in kinds and _engine_error_not_memory(f) is None
 
 
 def _kernel_lines(f: Dict[str, Any], phase: str, limit: int = 4) -> List[str]:
@@ -1067,8 +1119,9 @@ def _stats_before(run: Optional[Dict[str, Any]], event: Dict[str, Any]) -> Optio
     return next((e for e in reversed(run["events"]) if e["kind"] == "stats" and e["n"] < event["n"]), None)
 
 
-def _under_load(stats: Optional[Dict[str, Any]]) -> bool:
-    return bool(stats) and (stats.get("waiting", 0) > 0 or stats.get("prompt_tps", 0) > 0)
+def _under_load(stats: Optional[Dict[str, Any]], min_prompt_tps: float = DEFAULTS["load_prompt_tps"]) -> bool:
+    """Requests queued, or prompts arriving fast enough to make a burst (not any non-zero trickle)."""
+    return bool(stats) and (stats.get("waiting", 0) > 0 or stats.get("prompt_tps", 0) >= min_prompt_tps)
 
 
 _FRAGMENT_FIX = [
@@ -1109,7 +1162,7 @@ def rule_fragmentation(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     for r in runs[-2:]:
         dead = ([e for e in r["ooms"] if e["phase"] == "runtime"] or r["killed"])[0]
         before = _stats_before(r, dead)
-        loaded = loaded or _under_load(before)
+        loaded = loaded or _under_load(before, float(f["cfg"]["load_prompt_tps"]))
         if r.get("healthy_t") is not None and dead.get("t") is not None:
             lines.append("%s (%.1f h after healthy)" % (dead["line"], (dead["t"] - r["healthy_t"]) / 3600.0))
         else:
@@ -1129,7 +1182,7 @@ def rule_runtime_burst(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     conf = 0.75
     if before:
         lines.append(before["line"])
-        if _under_load(before):
+        if _under_load(before, float(f["cfg"]["load_prompt_tps"])):
             conf = 0.85
     flags = f["flags"]
     mnbt = flags.get("max_num_batched_tokens")

@@ -84,7 +84,7 @@ def read_first(paths: List[str]) -> Optional[str]:
         try:
             with open(path, "rb") as handle:
                 return handle.read().replace(b"\x00", b" ").decode("utf-8", "replace").strip()
-        except OSError:
+        except (OSError, ValueError):
             continue
     return None
 

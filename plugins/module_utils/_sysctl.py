@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -21,6 +22,7 @@ try:
         UmaError,
         atomic_write,
         atomic_write_json,
+        check_path,
         managed_header,
         parse_fingerprint,
         read_json,
@@ -33,6 +35,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         UmaError,
         atomic_write,
         atomic_write_json,
+        check_path,
         managed_header,
         parse_fingerprint,
         read_json,
@@ -67,6 +70,9 @@ SIZING_DOC = (
     "3% of RAM rounded down to a multiple of 64 MiB, at least the kernel's own default and 256 MiB, "
     "at most 8 GiB and below 10% of RAM"
 )
+
+MIN_RAM_GIB = 1.0
+MAX_SYSCTL_VALUE = 2**63 - 1
 
 MANAGED_KEYS = ("vm.min_free_kbytes", "vm.vfs_cache_pressure", "vm.dirty_ratio", "vm.dirty_background_ratio")
 _KEY_RE = re.compile(r"^vm\.[a-z0-9_]+$")
@@ -151,7 +157,7 @@ def _int_option(name: str, value: Any, fix: str) -> int:
         number = value
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
-    elif isinstance(value, str) and re.match(r"^\s*-?[0-9]+\s*$", value):
+    elif isinstance(value, str) and re.fullmatch(r"\s*-?[0-9]+\s*", value, re.ASCII):
         number = int(value)
     else:
         raise UmaError(name, value, "is not an integer", fix)
@@ -181,6 +187,13 @@ def resolve_ram(request: SysctlRequest) -> Tuple[int, str]:
             raise UmaError("ram_gib", value, "is not a number", fix) from None
         if not math.isfinite(gib) or gib <= 0:
             raise UmaError("ram_gib", value, "must be positive", fix)
+        if gib < MIN_RAM_GIB:
+            raise UmaError(
+                "ram_gib",
+                value,
+                "is below %g GiB, where the sizing rule has no room for a reserve" % MIN_RAM_GIB,
+                fix,
+            )
         if gib > 1 << 20:
             raise UmaError("ram_gib", value, "is larger than any machine", fix)
         return int(gib * GIB), "ram_gib"
@@ -189,10 +202,25 @@ def resolve_ram(request: SysctlRequest) -> Tuple[int, str]:
         total = read_meminfo(request.proc_root).get("MemTotal")
     except OSError as err:
         raise UmaError(
-            "ram_gib", None, "is unset and %s cannot be read (%s)" % (path, err.strerror), "Set ram_gib for this host."
+            "ram_gib",
+            None,
+            "is unset and %s (under proc_root) cannot be read (%s)" % (path, err.strerror),
+            "Set ram_gib for this host, or point proc_root at the node's /proc.",
         ) from None
     if not total:
-        raise UmaError("ram_gib", None, "is unset and %s has no MemTotal" % path, "Set ram_gib for this host.")
+        raise UmaError(
+            "ram_gib",
+            None,
+            "is unset and %s (under proc_root) has no MemTotal" % path,
+            "Set ram_gib for this host, or point proc_root at the node's /proc.",
+        )
+    if total < MIN_RAM_GIB * GIB:
+        raise UmaError(
+            "ram_gib",
+            None,
+            "is unset and MemTotal in %s (under proc_root) is %d bytes, below %g GiB" % (path, total, MIN_RAM_GIB),
+            "Set ram_gib for this host.",
+        )
     return total, "MemTotal"
 
 
@@ -253,6 +281,13 @@ def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, An
     )
     if vfs > 100000:
         raise UmaError("vfs_cache_pressure", request.vfs_cache_pressure, "is above 100000", "Give a value such as 200.")
+    if vfs == 0:
+        raise UmaError(
+            "vfs_cache_pressure",
+            request.vfs_cache_pressure,
+            "is 0: the kernel would never reclaim dentries and inodes, which ends in out-of-memory",
+            "Give a value from 1 to 100000, such as 200 (100 is the kernel default).",
+        )
     dirty = _ratio("dirty_ratio", request.dirty_ratio)
     background = _ratio("dirty_background_ratio", request.dirty_background_ratio)
     if background >= dirty:
@@ -317,6 +352,13 @@ def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, An
             )
         if value.startswith("-"):
             raise UmaError("extra", {raw_key: raw_value}, "the value is negative", "Give a value >= 0.")
+        if any(int(part) > MAX_SYSCTL_VALUE for part in value.split()):
+            raise UmaError(
+                "extra",
+                {raw_key: raw_value},
+                "the value is larger than any kernel setting holds (%d)" % MAX_SYSCTL_VALUE,
+                "Give a value the kernel documents for %s." % key,
+            )
         if os.path.isdir(os.path.join(request.proc_root, "sys", "vm")) and not os.path.exists(
             _key_file(request.proc_root, key)
         ):
@@ -392,9 +434,12 @@ def find_conflicts(path: str, keys: List[str], dirs: List[str], sysctl_conf: Opt
     dir_rank = {os.path.realpath(d): i for i, d in enumerate(dirs)}
     conflicts = []
     for candidate in boot_order(dirs, sysctl_conf):
-        if os.path.realpath(candidate) == own:
+        if os.path.realpath(candidate) == own or not os.path.isfile(candidate):
+            continue  # a dangling or looping link, or a directory named *.conf: systemd-sysctl skips it too
+        try:
+            text = read_text(candidate)
+        except OSError:
             continue
-        text = read_text(candidate)
         if text is None:
             continue
         settings = parse_sysctl_text(text)
@@ -420,7 +465,16 @@ def find_conflicts(path: str, keys: List[str], dirs: List[str], sysctl_conf: Opt
 def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:
     live: Dict[str, Optional[str]] = {}
     for key in keys:
-        text = read_text(_key_file(proc_root, key))
+        path = _key_file(proc_root, key)
+        try:
+            text = read_text(path)
+        except OSError as err:
+            raise UmaError(
+                "proc_root",
+                proc_root,
+                "%s (the live %s) cannot be read (%s)" % (path, key, err.strerror),
+                "Point proc_root at the node's /proc.",
+            ) from None
         live[key] = None if text is None else normalize_value(text)
     return live
 
@@ -501,12 +555,47 @@ def plan(request: SysctlRequest) -> SysctlPlan:
         raise UmaError("conflicts", request.conflicts, "is not a known policy", "Use warn, fail or ignore.")
     if not request.path or not os.path.isabs(request.path) or not request.path.endswith(".conf"):
         raise UmaError("path", request.path, "is not an absolute *.conf path", "Give e.g. /etc/sysctl.d/90-vllm.conf.")
+    for option in ("proc_root", "sysctl_conf", "state_dir", "path"):
+        check_path(option, getattr(request, option))
+    for directory in request.sysctl_dirs or []:
+        check_path("sysctl_dirs", directory)
     if os.path.isdir(request.path):
         raise UmaError("path", request.path, "is a directory", "Give the path of the drop-in file.")
+    parent = os.path.dirname(request.path)
+    if os.path.lexists(parent) and not os.path.isdir(parent):
+        raise UmaError("path", request.path, "has a parent that is not a directory", "Give a path in a directory.")
+    if os.path.lexists(request.path) and not os.path.isfile(request.path):
+        raise UmaError(
+            "path",
+            request.path,
+            "is not a regular file (a dangling or looping link?)",
+            "Remove it or give another path.",
+        )
+    if os.path.lexists(request.state_dir) and not os.path.isdir(request.state_dir):
+        raise UmaError(
+            "state_dir", request.state_dir, "is not a directory", "Give a directory, e.g. /var/lib/uma-vllm."
+        )
+    if not request.state_dir or not os.path.isabs(request.state_dir):
+        raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. /var/lib/uma-vllm.")
     record_path = os.path.join(request.state_dir, RECORD_NAME)
-    record_before = read_json(record_path)
-    if record_before is not None and not isinstance(record_before, dict):
-        record_before = None
+    try:
+        record_before = read_json(record_path)
+    except OSError as err:
+        raise UmaError(
+            "state_dir",
+            request.state_dir,
+            "%s cannot be read (%s)" % (record_path, err.strerror),
+            "Remove what is in its place; it holds the operator's original values.",
+        ) from None
+    if record_before is not None and not (
+        isinstance(record_before, dict) and all(isinstance(v, (str, int)) for v in record_before.values())
+    ):
+        raise UmaError(
+            "state_dir",
+            request.state_dir,
+            "%s is not a record of original sysctl values (damaged?)" % record_path,
+            "Check it by hand: fix or remove it (its values are restored by state=absent).",
+        )
     file_before = read_text(request.path)
 
     if request.state == "absent":
@@ -581,34 +670,139 @@ def write_live(proc_root: str, key: str, value: str) -> None:
     try:
         with open(path, "w", encoding="ascii") as handle:
             handle.write(value + "\n")
-    except OSError as err:
+    except (OSError, UnicodeError) as err:
         raise UmaError(
             key,
             value,
-            "could not be written to %s (%s)" % (path, err.strerror),
+            "was refused: %s could not be written (%s)" % (path, getattr(err, "strerror", None) or err),
             "Run with become: true, or set apply=false to only write the file.",
         ) from None
 
 
+def _raw(path: str) -> Optional[bytes]:
+    """Exact bytes of a file (None when absent), to put it back on rollback."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
+def _missing_dirs(path: str) -> List[str]:
+    """Ancestors of path that do not exist yet, deepest first (atomic_write creates them)."""
+    out = []
+    directory = os.path.dirname(os.path.abspath(path))
+    while directory and not os.path.lexists(directory):
+        out.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return out
+
+
+def _put_back(path: str, raw: Optional[bytes], mode: int) -> None:
+    if raw is None:
+        if os.path.lexists(path):
+            os.unlink(path)
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(raw)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def execute(p: SysctlPlan, proc_root: str) -> None:
-    """Carry out a plan: record originals first, then the file, then live values."""
+    """Carry out a plan all-or-nothing: record, file, then live values.
+
+    When any step fails (a full disk, a key the kernel refuses), the live
+    values already set are put back, the file and the record are restored to
+    their old bytes (or removed when they did not exist), directories created
+    on the way are removed, and the error names the step, the key and what was
+    rolled back.
+    """
+    old_record = _raw(p.record_path) if os.path.isfile(p.record_path) else None
+    old_file = _raw(p.path) if os.path.isfile(p.path) else None
+    old_file_mode = os.stat(p.path).st_mode & 0o7777 if old_file is not None else 0o644
+    created = _missing_dirs(p.record_path) + _missing_dirs(p.path)
+    done_live: List[Tuple[str, Optional[str]]] = []
+    wrote_record = wrote_file = False
+
+    def rollback() -> List[str]:
+        problems = []
+        for key, before in reversed(done_live):
+            if before is None:
+                continue
+            try:
+                write_live(proc_root, key, before)
+            except UmaError as err:
+                problems.append("%s not restored to %s (%s)" % (key, before, err.problem))
+        for wrote, path, raw, mode in (
+            (wrote_file, p.path, old_file, old_file_mode),
+            (wrote_record, p.record_path, old_record, 0o600),
+        ):
+            if wrote:
+                try:
+                    _put_back(path, raw, mode)
+                except OSError as err:
+                    problems.append("%s not restored (%s)" % (path, err.strerror))
+        for directory in sorted(set(created), key=len, reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        return problems
+
+    def undo_note(problems: List[str]) -> str:
+        if problems:
+            return " Rollback incomplete: %s." % "; ".join(problems)
+        return " Nothing was changed: live values, %s and the record are as before." % p.path
+
     try:
         if p.record_after != p.record_before and p.record_after is not None:
+            wrote_record = True
             atomic_write_json(p.record_path, p.record_after, 0o600)
         if p.file_changed:
+            wrote_file = True
             if p.file_after is None:
                 if os.path.lexists(p.path):
                     os.unlink(p.path)
             else:
                 atomic_write(p.path, p.file_after, 0o644)
     except OSError as err:
+        option = "state_dir" if wrote_record and not wrote_file else "path"
+        value = os.path.dirname(p.record_path) if option == "state_dir" else p.path
+        problems = rollback()
         raise UmaError(
-            "path", p.path, "could not be written (%s: %s)" % (err.filename, err.strerror), "Check permissions/become."
+            option,
+            value,
+            "could not be written (%s: %s); the old file stays whole" % (err.filename, err.strerror),
+            "Free space or fix permissions on that filesystem, then run again." + undo_note(problems),
         ) from None
-    for key, (_before, after) in sorted(p.live_changed.items()):
-        write_live(proc_root, key, after or "")
+    for key, (before, after) in sorted(p.live_changed.items()):
+        try:
+            write_live(proc_root, key, after or "")
+        except UmaError as err:
+            problems = rollback()
+            raise UmaError(
+                err.option,
+                err.value,
+                "the kernel refused %s = %s (%s)" % (key, after, err.problem),
+                "Give a value this kernel accepts for %s, or set apply=false to only write the file." % key
+                + undo_note(problems),
+            ) from None
+        done_live.append((key, before))
     if p.state == "absent" and p.record_before is not None:
         try:
             os.unlink(p.record_path)
         except FileNotFoundError:
+            pass
+        except OSError:
             pass

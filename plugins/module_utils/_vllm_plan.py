@@ -21,6 +21,7 @@ Pure stdlib, imports under Python 3.8.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils import _memavail
@@ -609,18 +610,35 @@ def _extra_args(params: Dict[str, Any], version: versions.Version, warnings: Lis
         raise UmaError("extra_args", extra, "is a string, not a list", "Give one list item per argv word.")
     if not isinstance(extra, list):
         raise UmaError("extra_args", extra, "is not a list", "Give a list such as ['--enforce-eager'].")
+    for item in extra:
+        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+            raise UmaError("extra_args", item, "is not an argv word", "Give strings such as '--enforce-eager'.")
     words = [str(x) for x in extra]
+    owned = tuple(versions.PLANNED_FLAGS) + OWNED_FLAGS
     for word in words:
+        if any(c in word for c in "\x00\n\r"):
+            raise UmaError("extra_args", word, "contains a NUL or line break", "Give one plain argv word per item.")
         if not word.startswith("-"):
             continue
-        flag = word.split("=", 1)[0]
-        flag = versions.FLAG_ALIASES.get(flag, flag)
-        if flag in versions.PLANNED_FLAGS:
+        if " " in word.split("=", 1)[0] or "\t" in word.split("=", 1)[0]:
+            raise UmaError("extra_args", word, "has a space inside a flag", "Give one list item per argv word.")
+        flag = canonical_flag(word)
+        if flag in SECRET_FLAGS:
+            raise UmaError(
+                "extra_args",
+                flag,
+                "puts a secret on the command line (seen in ps, the journal and the 0644 engine config)",
+                "Drop it and give the value as the secret %s (vllm_service_engines[].secrets), which vLLM reads "
+                "from the 0600 EnvironmentFile." % SECRET_FLAGS[flag],
+            )
+        abbreviates = flag.startswith("--") and len(flag) > 4 and any(o.startswith(flag) for o in owned)
+        if flag in owned or abbreviates:
+            planned = flag if flag in owned else next(o for o in owned if o.startswith(flag))
             raise UmaError(
                 "extra_args",
                 word,
-                "sets a flag the planner computes",
-                "Give the value through the module option instead (%s)." % flag[2:].replace("-", "_"),
+                "sets %s, a flag the planner computes (any spelling: -, _, =value, abbreviation)" % planned,
+                "Give the value through the module option instead (%s)." % planned[2:].replace("-", "_"),
             )
         supported = versions.flag_supported(flag, version)
         if supported is False:
@@ -634,6 +652,207 @@ def _extra_args(params: Dict[str, Any], version: versions.Version, warnings: Lis
         if supported is None:
             warnings.append("extra_args flag %s is not in the planner's flag table; passed through unchecked" % flag)
     return words
+
+
+# --- input validation (bad-input harness, issue 10) ---------------------------------------
+
+# Flags the planner owns besides PLANNED_FLAGS: the model and the dtypes it sizes with.
+OWNED_FLAGS = ("--model", "--dtype", "--mamba-cache-mode", "--mamba-cache-dtype", "--mamba-ssm-cache-dtype")
+# Secrets vLLM also reads from the environment: never on a command line (ps, journal, 0644 JSON).
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
+SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+_ADDR_RE = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}", re.ASCII)
+
+INT_LIMITS = {
+    # option: (minimum, maximum)
+    "weights_bytes": (0, 1 << 50),
+    "tensor_parallel_size": (1, 4096),
+    "pipeline_parallel_size": (1, 4096),
+    "data_parallel_size": (1, 4096),
+    "data_parallel_size_local": (1, 4096),
+    "data_parallel_rpc_port": (1, 65535),
+    "data_parallel_start_rank": (0, 4095),
+    "nnodes": (1, 4096),
+    "node_rank": (0, 4095),
+    "master_port": (1, 65535),
+    "max_model_len": (1, 1 << 31),
+    "max_num_seqs": (1, 1 << 20),
+    "max_num_batched_tokens": (1, 1 << 24),
+    "block_size": (1, 1 << 16),
+    "kv_cache_memory_bytes": (1 << 20, 1 << 50),  # below 1 MiB no KV block of any model fits
+    # the node's kernel settings for the MemAvailable model (_memavail): the kernel's own ranges
+    "min_free_kbytes": (1, 1 << 40),
+    "watermark_scale_factor": (1, 3000),
+}
+FLOAT_LIMITS = {
+    "total_memory_gib": 1 << 20,
+    "reserve_gib": 1 << 20,
+    "activation_reserve_gib": 1 << 20,
+    "node_baseline_gib": 1 << 20,
+    "other_engines_gib": 1 << 20,
+}
+CONFIG_INT_KEYS = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_size",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts_per_tok",
+    "experts_per_token",
+    "moe_topk",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "sliding_window",
+    "sliding_window_pattern",
+    "max_window_layers",
+    "full_attention_interval",
+    "max_position_embeddings",
+    "vocab_size",
+    "num_experts",
+    "n_routed_experts",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+CONFIG_SUBS = ("text_config", "llm_config", "language_config", "thinker_config")
+
+
+def canonical_flag(word: str) -> str:
+    """The flag an argv word sets, as vLLM's parser reads it: ``--max_model_len=1`` -> ``--max-model-len``."""
+    flag = word.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")
+    return versions.FLAG_ALIASES.get(flag, flag)
+
+
+def check_scalars(params: Dict[str, Any]) -> None:
+    """Bools, non-finite or absurd numbers, bad ports, addresses and contradictory pairs."""
+    for name, (low, high) in INT_LIMITS.items():
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise UmaError(name, value, "is a boolean, not a whole number", "Give a whole number.")
+        require_int(name, value, minimum=low, maximum=high)
+    for name, high in FLOAT_LIMITS.items():
+        value = params.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            raise UmaError(name, value, "is a boolean, not a number", "Give a number.")
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            raise UmaError(name, value, "is not a number", "Give a number such as 12 or 0.5.") from None
+        if not math.isfinite(number) or number > high:
+            raise UmaError(name, value, "is not a finite number <= %g" % high, "Give a realistic value.")
+    for name in ("master_addr", "data_parallel_address"):
+        value = params.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not _ADDR_RE.fullmatch(value):
+            raise UmaError(
+                name,
+                value,
+                "is not a host name or IP address (letters, digits, . : - _ [ ] %; no spaces)",
+                "Give e.g. 10.0.0.1 or node1.",
+            )
+    model = params.get("model")
+    if model is not None and (
+        not isinstance(model, str) or not model.strip() or model.startswith("-") or any(c.isspace() for c in model)
+    ):
+        raise UmaError("model", model, "is not a model name or path", "Give e.g. meta-llama/Llama-3-8B or /models/x.")
+    dp = params.get("data_parallel_size")
+    dp = 1 if dp is None else int(dp)
+    local = params.get("data_parallel_size_local")
+    if local is not None and int(local) > dp:
+        raise UmaError(
+            "data_parallel_size_local",
+            local,
+            "is larger than data_parallel_size (%d)" % dp,
+            "Give at most data_parallel_size engines per node.",
+        )
+    start = params.get("data_parallel_start_rank")
+    if start is not None and int(start) >= dp:
+        raise UmaError(
+            "data_parallel_start_rank",
+            start,
+            "is not below data_parallel_size (%d)" % dp,
+            "Give a start rank from 0 to data_parallel_size - 1.",
+        )
+    if start is not None and local is not None and int(start) + int(local) > dp:
+        raise UmaError(
+            "data_parallel_start_rank",
+            start,
+            "plus data_parallel_size_local (%s) exceeds data_parallel_size (%d)" % (local, dp),
+            "Give ranks that fit in data_parallel_size.",
+        )
+    env = params.get("env") or {}
+    if isinstance(env, dict):
+        for key, value in env.items():
+            if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise UmaError("env", key, "is not an environment variable name", "Use letters, digits and '_'.")
+            if SECRET_ENV_RE.search(key):
+                raise UmaError(
+                    "env",
+                    key,
+                    "looks like a secret; env values reach the engine's 0644 config, launch records and results",
+                    "Give it to the role as a secret (vllm_service_engines[].secrets: {%s: ...}), which reaches "
+                    "only the engine's 0600 EnvironmentFile; the planner does not need it." % key,
+                )
+            if isinstance(value, (dict, list)) or (isinstance(value, str) and ("\x00" in value or "\n" in value)):
+                raise UmaError(
+                    "env", {key: "..."}, "has a value that is not one line of text", "Give a plain string value."
+                )
+
+
+def check_model_config(config: Any, option: str, depth: int = 0) -> None:
+    """Types of the config keys the planner reads, before it reads them."""
+    if not isinstance(config, dict):
+        return
+    for key in CONFIG_INT_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        # sizes of real models stay far below these (the largest vocabularies are ~2**18)
+        limit = (1 << 31) if key in ("max_position_embeddings", "sliding_window") else (1 << 24)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < limit:
+            raise UmaError(
+                option,
+                {key: value},
+                "'%s' is not a whole number from 0 to %d (config.json holds numbers, not strings)" % (key, limit),
+                "Fix the value in config.json.",
+            )
+    archs = config.get("architectures")
+    if archs is not None and not isinstance(archs, str):
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise UmaError(option, {"architectures": archs}, "is not a list of class names", "Fix config.json.")
+    for key in ("model_type", "torch_dtype", "dtype"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise UmaError(option, {key: value}, "'%s' is not a string" % key, "Fix config.json.")
+    layer_types = config.get("layer_types")
+    if layer_types is not None and not isinstance(layer_types, str):
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise UmaError(option, {"layer_types": layer_types}, "is not a list of layer kinds", "Fix config.json.")
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0 and heads % kv_heads:
+        raise UmaError(
+            option,
+            {"num_attention_heads": heads, "num_key_value_heads": kv_heads},
+            "num_key_value_heads does not divide num_attention_heads",
+            "Fix config.json (grouped-query attention needs heads = groups x KV heads).",
+        )
+    if depth < 2:
+        for key in CONFIG_SUBS:
+            sub = config.get(key)
+            if sub is not None and not isinstance(sub, dict):
+                raise UmaError(option, {key: sub}, "'%s' is not a mapping" % key, "Fix config.json.")
+            check_model_config(sub, option, depth + 1)
 
 
 def _require_flag(flag: str, version: versions.Version, option: str, value: Any) -> None:
@@ -683,7 +902,20 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
         shards = []
     else:
         raise UmaError("model_path", None, "neither model_path nor model_config is given", "Give one of them.")
-    desc = model_mod.describe_model(config, "model_path" if model_path else "model_config")
+    config_option = "model_path" if model_path else "model_config"
+    check_model_config(config, config_option)
+    try:
+        desc = model_mod.describe_model(config, config_option)
+    except UmaError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, OverflowError) as err:
+        raise UmaError(
+            config_option,
+            "<config.json>",
+            "cannot be read as a model config (%s: %s)" % (type(err).__name__, err),
+            "Give the unmodified config.json of a Hugging Face model.",
+        ) from None
+    check_scalars(params)
 
     tp = _opt_int(params, "tensor_parallel_size", 1)
     pp = _opt_int(params, "pipeline_parallel_size", 1)
@@ -922,8 +1154,8 @@ def _apply_startup_reserve(ctx: Dict[str, Any]) -> Optional[str]:
             "reserve_gib",
             ctx["params"].get("reserve_gib"),
             "is below what the node always keeps out of MemAvailable at start: MemAvailable will be at most "
-            "%.2f GiB of %.2f GiB (given node baseline %.2f GiB + the kernel's totalreserve_pages %.2f GiB [high "
-            "watermark + lowmem reserve of vm.min_free_kbytes %d, watermark_scale_factor %d] + other engines "
+            "%.2f GiB of %.2f GiB (node_baseline_gib %.2f GiB + the kernel's totalreserve_pages %.2f GiB [high "
+            "watermark + lowmem reserve of min_free_kbytes %d, watermark_scale_factor %d] + other_engines_gib "
             "%.2f GiB), so a plan using %.2f GiB fails vLLM's startup free-memory check"
             % (
                 gib(model["available_at_most_bytes"]),
@@ -937,7 +1169,7 @@ def _apply_startup_reserve(ctx: Dict[str, Any]) -> Optional[str]:
             ),
             "Give reserve_gib >= %.2f (omit it and the planner derives %.2f with the page-cache and slab "
             "watermark terms); if the node really keeps less, give its min_free_kbytes / "
-            "watermark_scale_factor / node_baseline_gib."
+            "watermark_scale_factor / node_baseline_gib / other_engines_gib."
             % (math.ceil(gib(floor) * 100) / 100.0, math.ceil(gib(needed) * 100) / 100.0),
             {
                 "reserve_bytes": ctx["reserve_bytes"],

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import errno
 import json
 import os
 import select
@@ -1034,6 +1035,25 @@ def utc_now() -> str:
 # The guard
 
 
+def open_samples(path: str) -> Any:
+    """The samples file, opened so that a root guard cannot be turned against another file.
+
+    The directory must belong to the guard's user and be writable by nobody else (no /tmp),
+    and the file itself is opened with O_NOFOLLOW: a symlink planted there is refused.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    info = os.stat(directory)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise PermissionError(
+            errno.EPERM,
+            "samples file %s: its directory must belong to uid %d and be writable by nobody else"
+            " (give a file in e.g. /run/uma-vllm or /var/lib/uma-vllm)" % (path, os.geteuid()),
+        )
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, 0o640)
+    return os.fdopen(fd, "w", encoding="ascii")
+
+
 class Writer:
     """Writes the status file and the samples file from a background thread.
 
@@ -1045,7 +1065,7 @@ class Writer:
 
     def __init__(self, status_file: Optional[str], samples_file: Optional[str]) -> None:
         self.status_file = status_file
-        self.samples_handle: Any = open(samples_file, "w", encoding="ascii") if samples_file else None
+        self.samples_handle: Any = open_samples(samples_file) if samples_file else None
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # orders the thread's status writes before the final one
         self._final = False

@@ -221,15 +221,15 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 from urllib.parse import urlparse
 
-from ansible.module_utils.basic import AnsibleModule
-
 from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_guard
 from ansible_collections.uma.vllm.plugins.module_utils._common import (
     UmaError,
     atomic_write_json,
+    check_path,
     read_json,
     require_int,
 )
+from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
 from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import (
     NodeFile,
     files_fingerprint,
@@ -307,6 +307,8 @@ class GuardPlan:
 def _number(option: str, value: Any, minimum_exclusive: float, maximum: float, fix: str) -> float:
     if isinstance(value, bool):
         raise UmaError(option, value, "is a boolean, not a number", fix)
+    if isinstance(value, str) and not value.isascii():
+        raise UmaError(option, value, "is not a number (digits 0-9 only)", fix)
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -326,6 +328,20 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
         if not isinstance(value, str) or not os.path.isabs(value) or any(c.isspace() for c in value):
             raise UmaError(
                 option, value, "is not an absolute path without spaces", "Give e.g. /usr/local/lib/uma-vllm."
+            )
+    check_path("proc_root", req.proc_root, fix="Give the node's /proc.")
+    for option in ("lib_dir", "run_dir"):
+        value = getattr(req, option)
+        if os.path.lexists(value) and not os.path.isdir(value):
+            raise UmaError(option, value, "exists and is not a directory", "Give a directory (or a path to create).")
+    for name in ("guard-%s.json" % req.name, "guard-%s.unit.json" % req.name):
+        path = os.path.join(req.run_dir, name)
+        if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+            raise UmaError(
+                "run_dir",
+                req.run_dir,
+                "holds %s, which is not a regular file" % path,
+                "Remove it; the module writes the guard's status there.",
             )
     if req.state == "stopped":
         return {}
@@ -380,12 +396,33 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
             raise UmaError(
                 "until_pid",
                 req.until_pid,
-                "is not a running process on the node",
+                "is not a running process on the node (no %s under proc_root)" % os.path.join(req.proc_root, str(pid)),
                 "Start the loader first, then the guard.",
             )
     samples = req.samples_file
     if samples is not None and (not isinstance(samples, str) or not os.path.isabs(samples)):
         raise UmaError("samples_file", samples, "is not an absolute path", "Give e.g. /var/tmp/guard-samples.jsonl.")
+    if samples is not None:
+        check_path("samples_file", samples, fix="Give e.g. /var/tmp/guard-samples.jsonl.")
+        if os.path.lexists(samples) and (os.path.islink(samples) or not os.path.isfile(samples)):
+            raise UmaError(
+                "samples_file",
+                samples,
+                "exists and is a symlink or not a regular file (the root guard never follows links)",
+                "Give a new file in a directory only root can write, e.g. /run/uma-vllm/samples-NAME.jsonl.",
+            )
+        if not os.path.isdir(os.path.dirname(samples)):
+            raise UmaError(
+                "samples_file", samples, "is not in an existing directory", "Give a file in an existing directory."
+            )
+        info = os.stat(os.path.dirname(samples))
+        if info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise UmaError(
+                "samples_file",
+                samples,
+                "is in a directory another user can write (the root guard would write where they point it)",
+                "Give a file in a directory only root can write, e.g. /run/uma-vllm/samples-NAME.jsonl.",
+            )
     needs_drop = req.mode == "global" or (req.mode == "adaptive" and not clean)
     drop = os.path.join(req.proc_root, "sys", "vm", "drop_caches")
     if needs_drop and not os.access(drop, os.W_OK):
@@ -573,6 +610,44 @@ def execute(p: GuardPlan, systemd: Systemd, warn: Any = None) -> Dict[str, Any]:
     return _wait_for_status(p, systemd, warn)
 
 
+def guard_hardening(req: GuardRequest, config: Dict[str, Any]) -> List[str]:
+    """Least privilege for the guard's unit: only what its mode needs (issue 10).
+
+    It reads the model files and /proc, writes its status (and samples) under run_dir, and
+    only in global/adaptive-without-paths mode writes /proc/sys/vm/drop_caches (CAP_SYS_ADMIN,
+    kernel tunables writable). Everything else is read-only or absent. No MemoryDenyWriteExecute:
+    the guard imports ctypes, whose import makes a libffi closure on some platforms.
+    """
+    drops = config.get("mode") == "global" or (config.get("mode") == "adaptive" and not config.get("paths"))
+    writable = [req.run_dir]
+    if config.get("samples_file"):
+        writable.append(os.path.dirname(config["samples_file"]))
+    props = [
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths=%s" % " ".join("-" + w for w in writable),
+        "ProtectHome=read-only",
+        "PrivateTmp=yes",
+        "PrivateDevices=yes",
+        "PrivateNetwork=%s" % ("no" if config.get("until_url") else "yes"),
+        "ProtectKernelModules=yes",
+        "ProtectKernelLogs=yes",
+        "ProtectControlGroups=yes",
+        "ProtectClock=yes",
+        "ProtectHostname=yes",
+        "RestrictNamespaces=yes",
+        "RestrictRealtime=yes",
+        "RestrictSUIDSGID=yes",
+        "LockPersonality=yes",
+        "SystemCallArchitectures=native",
+        "RestrictAddressFamilies=%s" % ("AF_UNIX AF_INET AF_INET6" if config.get("until_url") else "AF_UNIX"),
+        "CapabilityBoundingSet=%s" % ("CAP_DAC_READ_SEARCH CAP_SYS_ADMIN" if drops else "CAP_DAC_READ_SEARCH"),
+    ]
+    if not drops:
+        props.append("ProtectKernelTunables=yes")
+    return props
+
+
 def _run_unit(p: GuardPlan, systemd: Systemd) -> None:
     req = p.request
     systemd.run(
@@ -584,6 +659,7 @@ def _run_unit(p: GuardPlan, systemd: Systemd) -> None:
             "RuntimeMaxSec=%d" % (int(p.config["max_duration"]) + RUNTIME_MARGIN_S),
             "TimeoutStopSec=20",
             "Environment=PYTHONDONTWRITEBYTECODE=1",
+            *guard_hardening(req, p.config),
         ],
     )
 
@@ -641,7 +717,7 @@ def result(p: GuardPlan, status: Optional[Dict[str, Any]], pid: int, active: Opt
 
 
 def main() -> None:
-    module = AnsibleModule(
+    module = strict_module(
         argument_spec=dict(
             state=dict(type="str", default="started", choices=["started", "stopped"]),
             name=dict(type="str", required=True),

@@ -82,6 +82,8 @@ ansible_facts:
         evidence: ["nvidia-smi: GPU 'NVIDIA GB10' is a NVIDIA GB10 (DGX Spark class), unified LPDDR5X"]
 """
 
+import os
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
@@ -94,11 +96,25 @@ from ansible_collections.uma.vllm.plugins.module_utils._platform import (
 
 
 def _run(module: AnsibleModule, command: str, args: list) -> tuple:
-    """(stdout, error) without failing when the command is missing or errors."""
-    path = command if command.startswith("/") else module.get_bin_path(command)
+    """(stdout, error) without failing when the command is missing or errors.
+
+    A host without the tool (or with a broken path to it) is evidence, not a
+    failure: the module documents that it never fails on a host without a GPU.
+    """
+    if not isinstance(command, str) or not command.strip() or "\x00" in command:
+        return "", "%r is not a command name or path" % (command,)
+    if "/" in command:
+        path = command if os.path.isfile(command) and os.access(command, os.X_OK) else None
+        if not path:
+            return "", "%s not installed (no executable file at that path)" % command
+    else:
+        path = module.get_bin_path(command)
     if not path:
         return "", "%s not installed" % command
-    rc, out, err = module.run_command([path, *args])
+    try:
+        rc, out, err = module.run_command([path, *args], handle_exceptions=False)
+    except (OSError, ValueError) as exc:
+        return "", "%s could not run: %s" % (command, exc)
     if rc != 0:
         last = ((err or out).strip().splitlines() or [""])[-1]
         return "", "%s exited %d: %s" % (command, rc, last)
@@ -123,7 +139,7 @@ def main() -> None:
     )
     try:
         facts["ram_gib"] = round(read_meminfo(p["proc_root"])["MemTotal"] / 1024**3, 2)
-    except (OSError, KeyError):
+    except (OSError, KeyError, ValueError):
         facts["ram_gib"] = None
     module.exit_json(changed=False, ansible_facts={"uma_node": facts})
 

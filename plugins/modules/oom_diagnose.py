@@ -238,6 +238,7 @@ changed:
 
 import os
 import platform
+import re
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
@@ -254,6 +255,10 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import (
 
 
 def _number(option, value, low, high):
+    if isinstance(value, str) and not re.fullmatch(
+        r"\s*[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?\s*", value, re.ASCII
+    ):
+        raise UmaError(option, value, "is not a plain decimal number", "Give a number between %g and %g." % (low, high))
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -297,17 +302,95 @@ def _fill(argv, **values):
 def _read_file(path, sources, key):
     try:
         text = read_text(path)
-    except OSError as exc:
-        sources[key] = "%s: %s" % (path, exc.strerror)
+    except (OSError, ValueError) as exc:
+        sources[key] = "%s: %s" % (path, getattr(exc, "strerror", None) or exc)
         return None
     sources[key] = "%s: %s" % (path, "missing" if text is None else "%d lines" % len(text.splitlines()))
     return text
 
 
+ENGINE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+HOST_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,252}", re.ASCII)
+SYSCTL_KEY_RE = re.compile(r"[a-z0-9_]+(\.[a-z0-9_]+){1,4}", re.ASCII)
+TIMELINE_RE = re.compile(r"[A-Za-z0-9_{][A-Za-z0-9._{}-]{0,200}", re.ASCII)
+
+
+def _json_source(path, sources=None, key=None):
+    """JSON from a file, or None when it is missing, unreadable, not JSON or not a mapping."""
+    try:
+        data = read_json(path)
+    except (OSError, ValueError) as exc:
+        if sources is not None:
+            sources[key] = "%s: %s" % (path, getattr(exc, "strerror", None) or exc)
+        return None
+    if data is not None and not isinstance(data, dict):
+        if sources is not None:
+            sources[key] = "%s: not a JSON object (%s)" % (path, type(data).__name__)
+        return None
+    return data
+
+
+def _check_inputs(p):
+    """Names that become file names or paths: refused when they could leave their directory."""
+    for engine in p["engines"]:
+        if not isinstance(engine, str) or not ENGINE_RE.fullmatch(engine):
+            raise UmaError(
+                "engines",
+                engine,
+                "is not an engine name (1-64 of A-Z a-z 0-9 . _ -, not starting with . _ -)",
+                "Give the <engine> of uma-vllm@<engine>.service.",
+            )
+    if not isinstance(p["launch"], str) or not (p["launch"] == "latest" or ENGINE_RE.fullmatch(p["launch"])):
+        raise UmaError(
+            "launch", p["launch"], "is not a launch stamp", "Give 'latest' or a stamp such as 20260101T000000Z."
+        )
+    for key in p["sysctl_keys"]:
+        if not isinstance(key, str) or not SYSCTL_KEY_RE.fullmatch(key):
+            raise UmaError(
+                "sysctl_keys",
+                key,
+                "is not a sysctl name (dotted lower-case words such as vm.min_free_kbytes)",
+                "Give sysctl names only; they are read under proc_root/sys.",
+            )
+    if p["report_host"] is not None and (
+        not isinstance(p["report_host"], str) or not HOST_RE.fullmatch(p["report_host"])
+    ):
+        raise UmaError(
+            "report_host",
+            p["report_host"],
+            "is not a host name (it becomes part of report file names: no / .. or spaces)",
+            "Give the inventory host name, e.g. ai1.",
+        )
+    name = p["timeline_name"]
+    if not isinstance(name, str) or not TIMELINE_RE.fullmatch(name) or ".." in name:
+        raise UmaError(
+            "timeline_name",
+            name,
+            "is not a plain file name (no /, .., spaces; {host} and {engine} are filled in)",
+            "Give e.g. '{host}-{engine}.svg'.",
+        )
+    commands = [("journal_command", p["journal_command"])]
+    commands += [("kernel_commands", argv) for argv in (p["kernel_commands"] or [])]
+    for option, argv in commands:
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
+            raise UmaError(
+                option,
+                argv,
+                "is not a command (a non-empty list of strings, program first)",
+                "Give e.g. ['journalctl', '-k', '-o', 'short-iso'].",
+            )
+        if any("\x00" in a for a in argv):
+            raise UmaError(option, argv, "contains a NUL character", "Give plain words.")
+    for option in ("state_dir", "run_dir", "proc_root", "journal_dir", "kernel_log_file"):
+        value = p.get(option)
+        if value is not None and (not isinstance(value, str) or "\x00" in value):
+            raise UmaError(option, value, "is not a path", "Give an absolute path.")
+
+
 def _launch_dirs(state_dir):
     root = os.path.join(state_dir, "launches")
     try:
-        return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        return sorted(d for d in os.listdir(root) if ENGINE_RE.fullmatch(d) and os.path.isdir(os.path.join(root, d)))
     except OSError:
         return []
 
@@ -315,10 +398,10 @@ def _launch_dirs(state_dir):
 def _read_launch(state_dir, engine, launch, sources):
     base = os.path.join(state_dir, "launches", engine)
     path = os.path.realpath(os.path.join(base, launch))
-    record = read_json(os.path.join(path, "launch.json"))
+    record = _json_source(os.path.join(path, "launch.json"), sources, "launch:%s" % engine)
     samples_text = None
     if record is None:
-        sources["launch:%s" % engine] = "%s: no launch.json" % path
+        sources.setdefault("launch:%s" % engine, "%s: no launch.json" % path)
     else:
         sources["launch:%s" % engine] = "%s/launch.json" % path
         samples_text = _read_file(os.path.join(path, "samples.jsonl"), sources, "samples:%s" % engine)
@@ -336,11 +419,24 @@ def _other_launches(state_dir, engine, limit=20):
         except OSError:
             continue
         for stamp in stamps:
-            record = read_json(os.path.join(base, stamp, "launch.json"))
+            record = _json_source(os.path.join(base, stamp, "launch.json"))
             if isinstance(record, dict):
                 record.setdefault("engine", other)
                 out.append(record)
     return out
+
+
+def _boot_time(proc_root):
+    """Boot time (Unix seconds) from /proc/stat's btime, or None."""
+    try:
+        text = read_text(os.path.join(proc_root, "stat")) or ""
+    except (OSError, ValueError):
+        return None
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == "btime" and fields[1].isdigit() and fields[1].isascii():
+            return float(fields[1])
+    return None
 
 
 def _sysctls(proc_root, keys):
@@ -432,18 +528,14 @@ def run_module():
             "cache_fraction": _number("cache_fraction", p["cache_fraction"], 0.0, 1.0),
             "kv_usage_high": _number("kv_usage_high", p["kv_usage_high"], 0.0, 1.0),
         }
-        for engine in p["engines"]:
-            if not engine or "/" in engine or engine.startswith("."):
-                raise UmaError(
-                    "engines", engine, "is not an engine name", "Give the <engine> of uma-vllm@<engine>.service."
-                )
+        _check_inputs(p)
         for engine, url in p["metrics_urls"].items():
             if not str(url).startswith(("http://", "https://")):
                 raise UmaError(
                     "metrics_urls", {engine: url}, "is not an http(s) URL", "Give e.g. http://127.0.0.1:8000/metrics."
                 )
         if p["report_host"] is None:
-            p["report_host"] = platform.node()
+            p["report_host"] = re.sub(r"[^A-Za-z0-9._-]", "_", platform.node()).lstrip(".") or "host"
         result = diagnose_node(p, lines, timeout, settings)
     except UmaError as err:
         module.fail_json(msg=err.message)
@@ -468,10 +560,13 @@ def diagnose_node(p, lines, timeout, settings):
         meminfo = {}
         sources["meminfo"] = "%s/meminfo: %s" % (p["proc_root"], exc.strerror)
     sysctl = _sysctls(p["proc_root"], p["sysctl_keys"])
+    boot_time = _boot_time(p["proc_root"])
     engines = list(p["engines"]) or _launch_dirs(p["state_dir"]) or [None]
     diagnoses, timelines, sections = [], [], []
     for engine in engines:
         evidence = {"dmesg": kernel or "", "meminfo": meminfo, "sysctl": sysctl, "engine": engine}
+        if boot_time is not None:
+            evidence["boot_time"] = boot_time  # places plain dmesg's seconds-since-boot lines in time
         if engine:
             if p["journal_dir"]:
                 evidence["journal"] = _read_file(
@@ -484,7 +579,7 @@ def diagnose_node(p, lines, timeout, settings):
             evidence["launch"] = launch
             evidence["samples"] = samples_text or ""
             evidence["other_launches"] = _other_launches(p["state_dir"], engine)
-            guard = read_json(os.path.join(p["run_dir"], "guard-%s.json" % engine))
+            guard = _json_source(os.path.join(p["run_dir"], "guard-%s.json" % engine))
             if isinstance(guard, dict):
                 evidence["guard"] = guard
             url = p["metrics_urls"].get(engine)

@@ -208,7 +208,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _common
 from ansible_collections.uma.vllm.plugins.module_utils._blockdev import BlockDevice
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write, read_text, require_int
+from ansible_collections.uma.vllm.plugins.module_utils._common import (
+    UmaError,
+    atomic_write,
+    check_path,
+    read_text,
+    require_int,
+)
 from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import (
     NodeFile,
     install_node_files,
@@ -404,9 +410,13 @@ def validate(req: WindowRequest) -> Dict[str, Any]:
     for option in ("lib_dir", "state_dir", "python"):
         _blockdev.check_safe_path(option, getattr(req, option))
     for option in ("systemd_dir", "udev_rules_dir", "sysfs_root", "proc_root"):
+        check_path(option, getattr(req, option), fix="Give an absolute directory path.")
+    for option in ("lib_dir", "state_dir", "systemd_dir", "udev_rules_dir"):
         value = getattr(req, option)
-        if not isinstance(value, str) or not os.path.isabs(value):
-            raise UmaError(option, value, "is not an absolute path", "Give an absolute directory path.")
+        if os.path.lexists(value) and not os.path.isdir(value):
+            raise UmaError(option, value, "exists and is not a directory", "Give a directory (or a path to create).")
+    # sysfs_root is an argument of the boot unit's ExecStart (quoted there too)
+    _blockdev.check_safe_path("sysfs_root", req.sysfs_root)
     if req.state == "throttled" and not os.access(req.python, os.X_OK):
         raise UmaError(
             "python", req.python, "is not an executable on the node", "Give the node's python3, e.g. /usr/bin/python3."

@@ -189,7 +189,7 @@ original:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, path_error
 from ansible_collections.uma.vllm.plugins.module_utils._sysctl import (
     DEFAULT_SYSCTL_CONF,
     DEFAULT_SYSCTL_DIRS,
@@ -220,9 +220,19 @@ def main() -> None:
         supports_check_mode=True,
     )
     request = SysctlRequest(**module.params)
+    paths = {
+        "path": request.path,
+        "state_dir": request.state_dir,
+        "proc_root": request.proc_root,
+        "sysctl_dirs": request.sysctl_dirs,
+        "sysctl_conf": request.sysctl_conf,
+    }
     try:
         p = plan(request)
     except UmaError as err:
+        module.fail_json(msg=err.message, option=err.option)
+    except OSError as err:
+        err = path_error(err, paths)
         module.fail_json(msg=err.message, option=err.option)
 
     winners = [c for c in p.conflicts if c["wins_at_boot"]]
@@ -243,6 +253,9 @@ def main() -> None:
         try:
             execute(p, request.proc_root)
         except UmaError as err:
+            module.fail_json(msg=err.message, option=err.option)
+        except OSError as err:
+            err = path_error(err, paths)
             module.fail_json(msg=err.message, option=err.option)
 
     result = dict(

@@ -349,9 +349,9 @@ msg:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_plan import PlanRefused, plan
 
 ARGUMENT_SPEC = dict(
@@ -399,7 +399,7 @@ ARGUMENT_SPEC = dict(
 
 
 def run_module():
-    module = AnsibleModule(
+    module = strict_module(
         argument_spec=ARGUMENT_SPEC,
         mutually_exclusive=[("model_path", "model_config")],
         required_one_of=[("model_path", "model_config")],

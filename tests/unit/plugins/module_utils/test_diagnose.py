@@ -34,7 +34,9 @@ CASES = load_cases()
 def build_evidence(case):
     """A case from the table -> the evidence dict diagnose() takes (GiB shorthands to bytes)."""
     evidence = {
-        k: copy.deepcopy(case[k]) for k in ("dmesg", "journal", "metrics", "sysctl", "other_launches") if k in case
+        k: copy.deepcopy(case[k])
+        for k in ("dmesg", "journal", "metrics", "sysctl", "other_launches", "boot_time")
+        if k in case
     }
     if "meminfo_gib" in case:
         evidence["meminfo"] = {k: int(v * GIB) for k, v in case["meminfo_gib"].items()}

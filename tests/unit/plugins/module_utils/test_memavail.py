@@ -157,4 +157,4 @@ def test_a_given_baseline_counts_in_the_floor():
     assert _plan(total_memory_gib=119.7, reserve_gib=8)["budget"]["reserve_bytes"] == 8 * GIB
     with pytest.raises(plan_mod.PlanRefused) as err:
         _plan(total_memory_gib=119.7, reserve_gib=8, node_baseline_gib=4)
-    assert "given node baseline 4.00 GiB" in err.value.message
+    assert "node_baseline_gib 4.00 GiB" in err.value.message

@@ -362,7 +362,7 @@ def test_global_mode_needs_writable_drop_caches(run_module, node, tmp_path):
     [
         dict(mode="files", paths=["/"], interval=0.1, max_duration=20),
         dict(mode="adaptive", paths=[], threshold_mib=64, min_available_mib=512, drop_level=3, until_pid=1),
-        dict(mode="global", paths=[], interval=1, until_url="http://127.0.0.1:8000/health", samples_file="/tmp/s"),
+        dict(mode="global", paths=[], interval=1, until_url="http://127.0.0.1:8000/health", samples_file="/var/lib/s"),
     ],
 )
 def test_command_is_accepted_by_the_real_guard(options):
