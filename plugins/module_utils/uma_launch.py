@@ -797,6 +797,7 @@ class Launch:
         if self.config.get("watch_ranks") and self.engine is not None:
             watched = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"])
             self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched))
+            self.write_record()  # the running engine's record says what is watched
         while self.engine is not None and self.engine.poll() is None:
             try:
                 self.engine.wait(1.0)
