@@ -15,10 +15,23 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-# the caught exit of a module's main(), shared with the other in-process runner
-from module_exit import ModuleExit as _Exit
-from module_exit import exit_json as _exit_json
-from module_exit import fail_json as _fail_json
+
+class _Exit(Exception):
+    def __init__(self, failed: bool, result: Dict[str, Any]) -> None:
+        super().__init__(result.get("msg", ""))
+        self.failed = failed
+        self.result = result
+
+
+def _exit_json(self, **kwargs):
+    kwargs.setdefault("changed", False)
+    raise _Exit(False, kwargs)
+
+
+def _fail_json(self, msg, **kwargs):
+    kwargs["msg"] = msg
+    kwargs["failed"] = True
+    raise _Exit(True, kwargs)
 
 
 @pytest.fixture
