@@ -483,27 +483,61 @@ def kv_cache_report(
 # --- memory outside the KV cache ----------------------------------------------------
 
 
-def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, int]:
-    """A conservative reserve for what vLLM's profile run adds on top of the weights.
+# What vLLM's profile run adds on top of the weights, calibrated on public start-up logs
+# (tests/unit/fixtures/models/activation_observations.yaml; fitted on the rows marked
+# "fit", checked on the held-out rows; see test_activation_observations.py).
+# Forward pass: the per-token formula below under-counts the logged peak by up to 11%
+# (obs14, 0.11.0): x 1.15.
+FORWARD_FACTOR = 1.15
+# Sampler profile, bytes per element of the [max_num_seqs, vocab] logits, on the rank
+# that samples (V0: the driver rank only). V0 (< 0.8.0) profiles with top-p/top-k
+# sampling params: logged peaks 41.2 and 39.2 B per element (PR #10511 Llama-3-8B,
+# issue #13882 Qwen2.5-7B) -> 44. V1: 17.0 B per element if the sampler set the
+# 2.12 GiB peak of obs14 -> 18.
+SAMPLER_BYTES_V0 = 44
+SAMPLER_BYTES_V1 = 18
+# Non-torch memory per rank (NCCL and custom all-reduce buffers, cuBLAS workspaces):
+# 0.7.0+ measures it as (device used - torch reserved) since the worker's first
+# snapshot (vllm/utils.py MemorySnapshot): logged 0.03-0.30 GiB, growing with TP ->
+# 0.15 GiB x TP. 0.6.x counted (device used - baseline - weights - torch allocated
+# delta): logged 1.79 GiB at TP 1 and 3.58 GiB at TP 2 (PR #10511, H100) -> 1.8 GiB x TP.
+NON_TORCH_PER_TP = GIB * 15 // 100
+NON_TORCH_PER_TP_V06 = GIB * 18 // 10
 
-    Not an exact mirror (vLLM measures it, gpu_worker.determine_available_memory):
-    - activations of one max_num_batched_tokens forward pass: per token the
-      residual stream and norms (4 x hidden), q/k/v per rank, and the MLP
-      gate/up/down per rank (3 x intermediate / tp), in the model dtype;
-    - sampler logits: max_num_seqs x vocab x fp32, twice (logits + probs);
-    - CUDA graphs (0 with --enforce-eager) and non-torch memory (CUDA
-      context, NCCL buffers): a fixed 1 GiB + 0.5 GiB.
+
+def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, int]:
+    """What vLLM's profile run and graph capture add on top of the weights, per rank.
+
+    Not an exact mirror (vLLM measures it, gpu_worker.determine_available_memory);
+    calibrated on public logs (FORWARD_FACTOR etc. above):
+    - forward: one max_num_batched_tokens forward pass: per token the residual stream
+      and norms (4 x hidden), q/k/v per rank and the MLP gate/up/down per rank
+      (3 x intermediate / tp), in the model dtype, x FORWARD_FACTOR;
+    - sampler: max_num_seqs x vocab x SAMPLER_BYTES_*; vLLM's peak is the larger of
+      the two (the forward's activations are freed before the sampler runs), so the
+      part that does not set the peak is reported as 0;
+    - non_torch: NON_TORCH_PER_TP(_V06) x tensor_parallel_size;
+    - cuda_graphs: 1 GiB unless --enforce-eager (logged: 0.49 GiB and a negative
+      figure; outside vLLM's budget before 0.21, estimated inside it from 0.21).
+    Not modelled: vision/audio encoder profiling of multimodal models (a warning says so).
     Set activation_reserve_gib to override the whole figure.
     """
     tp = ctx["tp"]
     dsz = ctx["model_dtype_bytes"]
+    version = ctx["version"]
     q_kv = (desc["num_heads"] + 2 * desc["num_kv_heads"]) * desc["head_dim"] // tp
     per_token = dsz * (4 * desc["hidden_size"] + q_kv + 3 * desc["intermediate_size"] // tp)
-    forward = ctx["max_num_batched_tokens"] * per_token
-    logits = 2 * ctx["max_num_seqs"] * desc["vocab_size"] * 4
+    forward = int(ctx["max_num_batched_tokens"] * per_token * FORWARD_FACTOR)
+    sampler_bytes = SAMPLER_BYTES_V0 if version < versions.V1_DEFAULT else SAMPLER_BYTES_V1
+    sampler = ctx["max_num_seqs"] * desc["vocab_size"] * sampler_bytes
+    if forward >= sampler:
+        sampler = 0
+    else:
+        forward = 0
     graphs = 0 if ctx["enforce_eager"] else GIB
-    non_torch = GIB // 2
-    return {"forward": forward, "logits": logits, "cuda_graphs": graphs, "non_torch": non_torch}
+    per_tp = NON_TORCH_PER_TP_V06 if version < (0, 7, 0) else NON_TORCH_PER_TP
+    non_torch = per_tp * tp
+    return {"forward": forward, "sampler": sampler, "cuda_graphs": graphs, "non_torch": non_torch}
 
 
 def default_batching(total_bytes: Optional[int], gb10_small_tier: bool = False) -> Tuple[int, int]:
@@ -1050,6 +1084,13 @@ def resolve_inputs(params: Dict[str, Any]) -> Dict[str, Any]:
     if gmu is not None and gmu > 1.0:
         raise UmaError("gpu_memory_utilization", gmu, "must be in (0, 1]", "Give a fraction such as 0.85.")
     activation_override = _opt_float(params, "activation_reserve_gib")
+    encoders = sorted(k for k in ("vision_config", "audio_config") if isinstance(config, dict) and k in config)
+    if encoders and activation_override is None:
+        warnings.append(
+            "the model has %s: the activation reserve models the language model's forward pass and "
+            "sampler only, not the encoder's profile run (a public log of Llama-3.2-11B-Vision shows "
+            "36.6 GiB); measure it and give activation_reserve_gib" % " and ".join(encoders)
+        )
     kv_budget_mode = params.get("kv_budget") or "fit"
     if kv_budget_mode not in ("fit", "max"):
         raise UmaError("kv_budget", kv_budget_mode, "is not a KV budget mode", "Use 'fit' or 'max'.")

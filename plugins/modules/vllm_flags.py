@@ -192,6 +192,10 @@ options:
   activation_reserve_gib:
     description:
       - Override the estimate of activation peak + CUDA graphs + non-torch memory per rank (GiB).
+      - The estimate (the larger of one C(max_num_batched_tokens) forward pass and the sampler's
+        C(max_num_seqs) x vocab logits, + non-torch memory per TP rank, + 1 GiB CUDA graphs unless
+        C(--enforce-eager)) is calibrated on public vLLM start-up logs; it does not model the
+        encoder of a multimodal model (a warning asks for this option then).
     type: float
   vllm_version:
     description: Target vLLM release, e.g. C(0.32.0). Flags and KV arithmetic follow it.

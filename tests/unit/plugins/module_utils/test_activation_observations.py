@@ -2,15 +2,23 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The planner's activation reserve against public vLLM memory profiles (issue 14 item 5).
 
-Asserted: each log's own books balance (weights + activation + non-torch + KV = total x
-utilization). The issue's bar (estimate >= observed and within +30%) is NOT met; the
-ratios as they stand are pinned so that any change to the estimate shows here:
-- torch part (one forward pass of max_num_batched_tokens + sampler logits) / logged
-  activation peak: 0.99, 0.69 (TP 2: vLLM's peak did not halve with TP, the estimate
-  does), 1.20, 1.37;
-- whole reserve (+ 1 GiB graphs + 0.5 GiB non-torch) / logged activation + non-torch
-  (+ graphs): 0.90 and 0.49 on the Llama rows (V0 logged 1.79 / 3.58 GiB non-torch
-  memory on H100), 1.93 and 1.95 on the other two.
+Rows: tests/unit/fixtures/models/activation_observations.yaml (each with its URL). What is
+compared is the part vLLM's profile run subtracts from its budget: the planner's
+forward/sampler peak + non-torch memory against the logged "PyTorch activation peak memory"
++ "non_torch_memory". The issue's bar: estimate >= observed and at most +30%.
+
+Constants were chosen on the rows marked ``fit`` (llama3-8b-tp1-h100, mistral-small-24b-h100,
+qwen25-7b-awq-rtx4060); the ``holdout`` rows were not looked at while choosing them.
+Per-log ratios are pinned (abs 0.02): a change of the estimate fails here.
+
+Where the bar is not met, and why:
+- r1-distill-qwen-14b-tp2-rtx4090: the logged line is a TP worker that does not sample
+  (V0 samples on rank 0 only); the planner reserves for the rank that samples (4.31 x that
+  worker's figure). Against that worker's own share (forward + non-torch) it is 1.13.
+- llama32-11b-vision-h100: 36.6 GiB of the profile is the vision model's; the planner does not
+  model encoders (0.25 x), warns and asks for activation_reserve_gib.
+- CUDA graphs: 1 GiB flat against the two logs that show them (0.49 GiB; -0.76 GiB): never
+  below, not within +30% (2.04 x on the 0.49 GiB log).
 """
 
 from __future__ import annotations
@@ -26,53 +34,108 @@ from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan
 GIB = float(1 << 30)
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "models"
 ROWS = yaml.safe_load((MODELS / "activation_observations.yaml").read_text())
+PROFILED = [r for r in ROWS if r["observed"]["activation"] is not None]
+
+
+def plan_row(row):
+    config = row.get("model_config") or json.loads((MODELS / row["fixture"] / "config.json").read_text())
+    params = dict(row["params"], model="m", model_config=config, kv_cache_memory_bytes=20 << 30)
+    params["vllm_version"] = row["vllm_version"]
+    return plan_mod.plan(params)
 
 
 def estimate(row):
-    config = row.get("model_config") or json.loads((MODELS / row["fixture"] / "config.json").read_text())
-    params = dict(row["params"], model="m", model_config=config, kv_cache_memory_bytes=16 << 30)
-    params["vllm_version"] = row["vllm_version"]
-    parts = plan_mod.plan(params)["budget"]["activation_parts"]
-    return {k: v / GIB for k, v in parts.items()}
+    return {k: v / GIB for k, v in plan_row(row)["budget"]["activation_parts"].items()}
+
+
+def observed(row):
+    obs = row["observed"]
+    return obs["activation"] + obs["non_torch"]
+
+
+def test_the_fixture_is_what_the_note_says():
+    assert len(PROFILED) == 7
+    assert {r["id"] for r in ROWS if r["set"] == "fit"} == {
+        "llama3-8b-tp1-h100",
+        "mistral-small-24b-h100",
+        "qwen25-7b-awq-rtx4060",
+    }
+    for row in ROWS:
+        assert row["url"]
+        assert row["set"] in ("fit", "holdout") and row["scope"] in ("text", "multimodal")
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
 def test_the_logs_books_balance(row):
     obs = row["observed"]
-    if obs["kv"] is None:
-        pytest.skip("no KV figure in this log")
-    used = obs["weights"] + obs["activation"] + obs["non_torch"] + max(obs["cudagraph"] or 0, 0) + obs["kv"]
-    assert abs(used - obs["total"] * obs["gmu"]) < 0.05 * obs["total"]
+    if obs["kv"] is None or obs["activation"] is None:
+        pytest.skip("this log does not show every term")
+    used = obs["weights"] + obs["activation"] + obs["non_torch"] + obs["kv"]
+    assert abs(used - obs["total"] * obs["gmu"]) < 0.01 * obs["total"] + 0.05
 
 
-KNOWN_TORCH_RATIO = {
-    "llama3-8b-tp1-h100": 0.99,
-    "llama3-8b-tp2-h100": 0.69,
-    "qwen25-32b-tp2-l40s": 1.20,
-    "mistral-small-24b-h100": 1.37,
+# estimate / observed (forward or sampler peak + non-torch vs activation + non-torch)
+RATIO = {
+    "llama3-8b-tp1-h100": 1.03,  # fit
+    "llama3-8b-tp2-h100": 1.02,  # holdout
+    "qwen25-32b-tp2-l40s": 1.09,  # holdout
+    "mistral-small-24b-h100": 1.06,  # fit
+    "qwen25-7b-awq-rtx4060": 1.20,  # fit
+    "r1-distill-qwen-14b-tp2-rtx4090": 4.31,  # holdout, a non-sampling rank's line
+    "llama32-11b-vision-h100": 0.25,  # holdout, multimodal: not modelled
 }
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
-def test_torch_part_against_the_logged_activation_peak_as_it_stands(row):
+@pytest.mark.parametrize("row", PROFILED, ids=[r["id"] for r in PROFILED])
+def test_profile_part_against_the_log(row):
     est = estimate(row)
-    ratio = (est["forward"] + est["logits"]) / row["observed"]["activation"]
-    assert ratio == pytest.approx(KNOWN_TORCH_RATIO[row["id"]], abs=0.02)
+    ratio = (est["forward"] + est["sampler"] + est["non_torch"]) / observed(row)
+    assert ratio == pytest.approx(RATIO[row["id"]], abs=0.02)
 
 
-# total estimate / observed (activation + non-torch + graphs when logged and positive), today
-KNOWN_TOTAL_RATIO = {
-    "llama3-8b-tp1-h100": 0.90,
-    "llama3-8b-tp2-h100": 0.49,
-    "qwen25-32b-tp2-l40s": 1.93,
-    "mistral-small-24b-h100": 1.95,
-}
-
-
-@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
-def test_whole_estimate_against_the_logs_as_it_stands(row):
+@pytest.mark.parametrize(
+    "row", [r for r in PROFILED if r["scope"] == "text"], ids=[r["id"] for r in PROFILED if r["scope"] == "text"]
+)
+def test_the_issue_bar_on_every_text_model_log(row):
+    """>= observed and <= +30%; for a non-sampling rank's line, that rank's own share."""
     est = estimate(row)
-    obs = row["observed"]
-    observed = obs["activation"] + obs["non_torch"] + max(obs["cudagraph"] or 0, 0)
-    ratio = sum(est.values()) / observed
-    assert ratio == pytest.approx(KNOWN_TOTAL_RATIO[row["id"]], abs=0.02)
+    if row["rank"] == "other":
+        # forward + non-torch of that rank: the planner's forward figure is kept when the
+        # sampler sets the peak, recomputed here from the same per-token formula
+        parts = plan_row(dict(row, params=dict(row["params"], max_num_seqs=1)))["budget"]["activation_parts"]
+        share = (parts["forward"] + parts["non_torch"]) / GIB
+        assert share / observed(row) == pytest.approx(1.13, abs=0.02)
+    else:
+        share = est["forward"] + est["sampler"] + est["non_torch"]
+    assert observed(row) <= share <= 1.3 * observed(row), row["id"]
+
+
+def test_multimodal_log_is_below_and_the_planner_says_so():
+    row = next(r for r in ROWS if r["scope"] == "multimodal")
+    result = plan_row(row)
+    assert sum(result["budget"]["activation_parts"].values()) / GIB < observed(row)
+    assert any("activation_reserve_gib" in w and "vision_config" in w for w in result["warnings"])
+    params = dict(row["params"], model="m", model_config=row["model_config"], kv_cache_memory_bytes=20 << 30)
+    params.update(vllm_version=row["vllm_version"], activation_reserve_gib=37)
+    given = plan_mod.plan(params)
+    assert not any("vision_config" in w for w in given["warnings"])
+    assert given["budget"]["activation_reserve_bytes"] == 37 << 30
+
+
+def test_cuda_graph_term_is_never_below_a_logged_capture():
+    logged = [r for r in ROWS if r["observed"]["cudagraph"] is not None and r["observed"]["cudagraph"] > 0]
+    assert [r["id"] for r in logged] == ["qwen25-1.5b-rtx2000ada"]
+    for row in logged:
+        est = estimate(row)
+        assert est["cuda_graphs"] >= row["observed"]["cudagraph"]
+        assert est["cuda_graphs"] / row["observed"]["cudagraph"] == pytest.approx(2.04, abs=0.02)
+
+
+def test_held_out_rows_inside_the_bar():
+    """The held-out text rows that show the sampling rank: within the bar without refitting."""
+    held = [r for r in PROFILED if r["set"] == "holdout" and r["scope"] == "text" and r["rank"] != "other"]
+    assert [r["id"] for r in held] == ["llama3-8b-tp2-h100", "qwen25-32b-tp2-l40s"]
+    for row in held:
+        est = estimate(row)
+        share = est["forward"] + est["sampler"] + est["non_torch"]
+        assert observed(row) <= share <= 1.3 * observed(row)
