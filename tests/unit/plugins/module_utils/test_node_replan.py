@@ -45,6 +45,12 @@ ENGINES = {
     "llama8b-256x8k": dict(
         model_config=cfg("llama-3-8b"), weights_bytes=16060522496, max_model_len=8192, max_num_seqs=256
     ),
+    "llama8b-16x8k": dict(
+        model_config=cfg("llama-3-8b"), weights_bytes=16060522496, max_model_len=8192, max_num_seqs=16
+    ),
+    "gptoss20b-8x16k": dict(
+        model_config=cfg("gpt-oss-20b"), weights_bytes=13761264768, max_model_len=16384, max_num_seqs=8
+    ),
     "qwen1.5b-16x32k": dict(
         model_config=cfg("qwen2.5-1.5b-instruct"), weights_bytes=3087467520, max_model_len=32768, max_num_seqs=16
     ),
