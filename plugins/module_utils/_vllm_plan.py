@@ -490,12 +490,30 @@ def kv_cache_report(
 # (obs14, 0.11.0): x 1.15.
 FORWARD_FACTOR = 1.15
 # Sampler profile, bytes per element of the [max_num_seqs, vocab] logits, on the rank
-# that samples (V0: the driver rank only). V0 (< 0.8.0) profiles with top-p/top-k
-# sampling params: logged peaks 41.2 and 39.2 B per element (PR #10511 Llama-3-8B,
-# issue #13882 Qwen2.5-7B) -> 44. V1: 17.0 B per element if the sampler set the
-# 2.12 GiB peak of obs14 -> 18.
+# that samples (V0: the driver rank only); the profile samples with top-p/top-k.
+# V0 (< 0.8.0): logged peaks 41.2 and 39.2 B per element (PR #10511 Llama-3-8B,
+# issue #13882 Qwen2.5-7B) -> 44.
+# V1, top-k/top-p by a full sort of the vocab (PyTorch-native default; read in
+# v1/sample/ops/topk_topp_sampler.py of 0.15.1): fp32 logits 4 + sorted values 4 + int64
+# indices 8 + probs 4 + masks -> 24 (counted from the source; no log found).
+# V1 without the sort: 0.11.x uses FlashInfer's sampler unless VLLM_USE_FLASHINFER_SAMPLER=0,
+# 0.19 a Triton top-k/top-p kernel, 0.21+ FlashInfer by default (read in the 0.11.0,
+# 0.19.0, 0.21.0, 0.30.0 wheels): a gpt-oss-20b start on 0.19.0 (myoceane.fr, A100) leaves
+# at most 5.6 B per element -> 6. Releases not read (0.8-0.10, 0.12-0.14, 0.16-0.18) are
+# taken as sorting (the larger figure).
 SAMPLER_BYTES_V0 = 44
-SAMPLER_BYTES_V1 = 18
+SAMPLER_BYTES_V1_SORT = 24
+SAMPLER_BYTES_V1 = 6
+
+
+def sampler_bytes_per_element(version: versions.Version) -> int:
+    if version < versions.V1_DEFAULT:
+        return SAMPLER_BYTES_V0
+    if (0, 11, 0) <= version < (0, 12, 0) or version >= (0, 19, 0):
+        return SAMPLER_BYTES_V1
+    return SAMPLER_BYTES_V1_SORT
+
+
 # Non-torch memory per rank (NCCL and custom all-reduce buffers, cuBLAS workspaces):
 # 0.7.0+ measures it as (device used - torch reserved) since the worker's first
 # snapshot (vllm/utils.py MemorySnapshot): logged 0.03-0.30 GiB, growing with TP ->
@@ -513,7 +531,7 @@ def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, i
     - forward: one max_num_batched_tokens forward pass: per token the residual stream
       and norms (4 x hidden), q/k/v per rank and the MLP gate/up/down per rank
       (3 x intermediate / tp), in the model dtype, x FORWARD_FACTOR;
-    - sampler: max_num_seqs x vocab x SAMPLER_BYTES_*; vLLM's peak is the larger of
+    - sampler: max_num_seqs x vocab x sampler_bytes_per_element(version); vLLM's peak is the larger of
       the two (the forward's activations are freed before the sampler runs), so the
       part that does not set the peak is reported as 0;
     - non_torch: NON_TORCH_PER_TP(_V06) x tensor_parallel_size;
@@ -528,8 +546,7 @@ def activation_reserve(desc: Dict[str, Any], ctx: Dict[str, Any]) -> Dict[str, i
     q_kv = (desc["num_heads"] + 2 * desc["num_kv_heads"]) * desc["head_dim"] // tp
     per_token = dsz * (4 * desc["hidden_size"] + q_kv + 3 * desc["intermediate_size"] // tp)
     forward = int(ctx["max_num_batched_tokens"] * per_token * FORWARD_FACTOR)
-    sampler_bytes = SAMPLER_BYTES_V0 if version < versions.V1_DEFAULT else SAMPLER_BYTES_V1
-    sampler = ctx["max_num_seqs"] * desc["vocab_size"] * sampler_bytes
+    sampler = ctx["max_num_seqs"] * desc["vocab_size"] * sampler_bytes_per_element(version)
     if forward >= sampler:
         sampler = 0
     else:

@@ -8,7 +8,9 @@ forward/sampler peak + non-torch memory against the logged "PyTorch activation p
 + "non_torch_memory". The issue's bar: estimate >= observed and at most +30%.
 
 Constants were chosen on the rows marked ``fit`` (llama3-8b-tp1-h100, mistral-small-24b-h100,
-qwen25-7b-awq-rtx4060); the ``holdout`` rows were not looked at while choosing them.
+qwen25-7b-awq-rtx4060, gpt-oss-20b-a100) and on vLLM's sampler sources; the ``holdout`` rows
+were not looked at while choosing them. gpt-oss-20b-a100 logs no breakdown: activation +
+non-torch is derived (0.65 x total - weights - KV) as a range, the A100's total not being logged.
 Per-log ratios are pinned (abs 0.02): a change of the estimate fails here.
 
 Where the bar is not met, and why:
@@ -59,6 +61,7 @@ def test_the_fixture_is_what_the_note_says():
         "llama3-8b-tp1-h100",
         "mistral-small-24b-h100",
         "qwen25-7b-awq-rtx4060",
+        "gpt-oss-20b-a100",
     }
     for row in ROWS:
         assert row["url"]
@@ -68,7 +71,7 @@ def test_the_fixture_is_what_the_note_says():
 @pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
 def test_the_logs_books_balance(row):
     obs = row["observed"]
-    if obs["kv"] is None or obs["activation"] is None:
+    if obs["kv"] is None or obs["activation"] is None or obs["total"] is None:
         pytest.skip("this log does not show every term")
     used = obs["weights"] + obs["activation"] + obs["non_torch"] + obs["kv"]
     assert abs(used - obs["total"] * obs["gmu"]) < 0.01 * obs["total"] + 0.05
@@ -79,7 +82,7 @@ RATIO = {
     "llama3-8b-tp1-h100": 1.03,  # fit
     "llama3-8b-tp2-h100": 1.02,  # holdout
     "qwen25-32b-tp2-l40s": 1.09,  # holdout
-    "mistral-small-24b-h100": 1.06,  # fit
+    "mistral-small-24b-h100": 1.04,  # fit (forward sets the peak)
     "qwen25-7b-awq-rtx4060": 1.20,  # fit
     "r1-distill-qwen-14b-tp2-rtx4090": 4.31,  # holdout, a non-sampling rank's line
     "llama32-11b-vision-h100": 0.25,  # holdout, multimodal: not modelled
@@ -139,3 +142,17 @@ def test_held_out_rows_inside_the_bar():
         est = estimate(row)
         share = est["forward"] + est["sampler"] + est["non_torch"]
         assert observed(row) <= share <= 1.3 * observed(row)
+
+
+def test_derived_row_inside_the_bar_over_its_whole_range():
+    """gpt-oss-20b on 0.19.0: >= the upper end and <= +30% of the lower end."""
+    row = next(r for r in ROWS if r["id"] == "gpt-oss-20b-a100")
+    low, high = row["observed"]["derived_range"]
+    obs = row["observed"]
+    for total in (79.15, 79.25):
+        derived = obs["gmu"] * total - obs["weights"] - obs["kv"]
+        assert low - 0.01 <= derived <= high + 0.01
+    est = estimate(row)
+    share = est["forward"] + est["sampler"] + est["non_torch"]
+    assert high <= share <= 1.3 * low
+    assert share / high == pytest.approx(1.06, abs=0.02)
