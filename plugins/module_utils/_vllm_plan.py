@@ -496,10 +496,10 @@ FORWARD_FACTOR = 1.15
 # V1, top-k/top-p by a full sort of the vocab (PyTorch-native default; read in
 # v1/sample/ops/topk_topp_sampler.py of 0.15.1): fp32 logits 4 + sorted values 4 + int64
 # indices 8 + probs 4 + masks -> 24 (counted from the source; no log found).
-# V1 without the sort: 0.11.x uses FlashInfer's sampler unless VLLM_USE_FLASHINFER_SAMPLER=0,
+# V1 without the sort: 0.11.x uses FlashInfer's sampler (when installed) unless VLLM_USE_FLASHINFER_SAMPLER=0,
 # 0.19 a Triton top-k/top-p kernel, 0.21+ FlashInfer by default (read in the 0.11.0,
 # 0.19.0, 0.21.0, 0.30.0 wheels): a gpt-oss-20b start on 0.19.0 (myoceane.fr, A100) leaves
-# at most 5.6 B per element -> 6. Releases not read (0.8-0.10, 0.12-0.14, 0.16-0.18) are
+# at most 5.6-6.4 B per element (non-torch 0.15-0 GiB) -> 6. Releases not read (0.8-0.10, 0.12-0.14, 0.16-0.18) are
 # taken as sorting (the larger figure).
 SAMPLER_BYTES_V0 = 44
 SAMPLER_BYTES_V1_SORT = 24
