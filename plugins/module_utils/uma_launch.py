@@ -465,6 +465,15 @@ def _set_pdeathsig() -> None:
         pass
 
 
+def _engine_child(home: str) -> None:
+    """Child side, after the uid change: the parent-death signal again, HOME as the cwd."""
+    _set_pdeathsig()
+    try:
+        os.chdir(home)
+    except OSError:
+        os.chdir("/")
+
+
 def node_shutting_down() -> bool:
     """True while systemd takes the node down (``systemctl is-system-running``: stopping)."""
     try:
@@ -752,9 +761,12 @@ class Launch:
             # least privilege: the engine runs as the engine user (the kernel clears the
             # parent-death signal on a uid change; subprocess sets it again after the change)
             env.update({"HOME": ident["home"], "USER": ident["user"], "LOGNAME": ident["user"]})
+            home = ident["home"]
             drop = {
-                "user": ident["uid"], "group": ident["gid"], "extra_groups": ident["groups"],
-                "umask": ident["umask"], "cwd": ident["home"] if os.path.isdir(ident["home"]) else "/",
+                "user": ident["uid"], "group": ident["gid"], "extra_groups": ident["groups"], "umask": ident["umask"],
+                # chdir as the engine user (after the uid change): a launcher without CAP_DAC_OVERRIDE
+                # (the unit's CapabilityBoundingSet) cannot enter the user's 0750 home itself
+                "preexec_fn": lambda: _engine_child(home),
             }  # fmt: skip
             self.record["engine_user"] = ident["user"]
         self.engine = subprocess.Popen(
@@ -763,7 +775,7 @@ class Launch:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, before any thread
+            preexec_fn=drop.pop("preexec_fn", _set_pdeathsig),  # noqa: PLW1509 - prctl/chdir only, before any thread
             **drop,
         )
         self.log.step(

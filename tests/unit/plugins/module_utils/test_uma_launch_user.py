@@ -13,6 +13,7 @@ import io
 import os
 import pwd
 import shutil
+import sys
 import tempfile
 import time
 
@@ -167,3 +168,40 @@ def test_a_command_the_engine_user_may_not_run_is_a_clear_config_failure(open_di
     assert code == uma_launch.EXIT_CONFIG
     text = out.getvalue()
     assert "cannot be started as user nobody" in text and "Permission denied" in text and "chmod o+rX" in text
+
+
+CHILD = r"""
+import io, json, sys, time
+from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+base, home = sys.argv[1], sys.argv[2]
+cfg = uma_launch.validate(uma_launch.merge_config({
+    "engine": "u2", "health_url": "http://127.0.0.1:1/health",
+    "state_dir": base + "/state", "lock_path": base + "/lock",
+    "engine_user": "nobody", "engine_groups": [], "engine_home": home,
+    "command": ["/usr/bin/python3", "-c", "import os; print(os.getcwd(), os.getuid(), flush=True)"]}))
+launch = uma_launch.Launch(cfg, uma_launch.Log("u2", out=io.StringIO()))
+launch.start_engine()
+print(launch.engine.stdout.read().decode().strip())
+launch.engine.wait()
+"""
+
+
+@needs_root
+@pytest.mark.skipif(not os.access("/usr/sbin/capsh", os.X_OK), reason="needs capsh (libcap2-bin)")
+def test_the_launcher_without_dac_override_starts_the_engine_in_its_0750_home(open_dir):
+    """The unit's CapabilityBoundingSet has no CAP_DAC_OVERRIDE: the launcher (root) cannot enter
+    the engine user's 0750 home; the child changes directory after it became the engine user.
+    (Seen in molecule/launch_wrapper: 'Permission denied: /var/lib/uma-vllm/engine-home'.)"""
+    import subprocess
+
+    home = open_dir / "home"
+    home.mkdir(mode=0o750)
+    os.chown(home, NOBODY.pw_uid, NOBODY.pw_gid)
+    os.chmod(home, 0o750)
+    proc = subprocess.run(
+        ["/usr/sbin/capsh", "--drop=cap_dac_override,cap_dac_read_search,cap_fowner", "--",
+         "-c", '"$0" -c "$1" "$2" "$3"', sys.executable, CHILD, str(open_dir), str(home)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(home), str(NOBODY.pw_uid)]
