@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 
-from test_readahead_window import node  # noqa: F401 - the fixture (fake sysfs, fake systemd)
+from test_readahead_window import node  # noqa: F401 # pylint: disable=unused-import  (the fixture)
 
 from ansible_collections.uma.vllm.plugins.modules import readahead_window
 
