@@ -6,6 +6,7 @@ anything on the node changes, and the unit's hardening rendered by Ansible's own
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -77,3 +78,33 @@ def test_the_unit_gets_the_user_hardening_only_for_a_non_root_user(tmp_path, use
     assert any(line.startswith("CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_KILL") for line in lines) is hardened
     assert any(line.startswith("SystemCallFilter=~@clock") for line in lines) is hardened
     assert not any(line.startswith("User=") for line in lines)  # the launcher stays root; it drops for the engine
+
+
+def test_the_engine_config_carries_the_user_only_when_one_is_set(tmp_path):
+    (tmp_path / "engines").mkdir()
+    proc = play(
+        tmp_path,
+        """- hosts: localhost
+  gather_facts: false
+  tasks:
+    - name: Write two engine configs as vllm_service does
+      ansible.builtin.include_role:
+        name: uma.vllm.launch_wrapper
+        tasks_from: engine
+      vars:
+        launch_wrapper_config_dir: %s
+        launch_wrapper_engine: "{{ item }}"
+      loop:
+        - {name: asroot, command: [vllm, serve], model_path: /m, port: 8000, user: null, groups: null}
+        - {name: asuser, command: [vllm, serve], model_path: /m, port: 8001, user: uma-vllm, groups: [video, render],
+           home: /var/lib/uma-vllm/engine-home, group: null}
+"""
+        % tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    asroot = json.loads((tmp_path / "engines" / "asroot.json").read_text())
+    asuser = json.loads((tmp_path / "engines" / "asuser.json").read_text())
+    # unset: no key at all (configs written before this option stay the same, no restart)
+    assert not [k for k in asroot if k.startswith("engine_")]
+    assert asuser["engine_user"] == "uma-vllm" and asuser["engine_groups"] == ["video", "render"]
+    assert asuser["engine_home"] == "/var/lib/uma-vllm/engine-home" and asuser["engine_group"] is None
