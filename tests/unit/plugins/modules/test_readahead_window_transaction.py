@@ -17,7 +17,8 @@ import json
 import os
 import shutil
 
-from test_readahead_window import node  # noqa: F401 # pylint: disable=unused-import  (the fixture)
+# the node fixture (fake sysfs, fake systemd) of test_readahead_window.py
+from test_readahead_window import node  # noqa: F401 # pylint: disable=unused-import
 
 from ansible_collections.uma.vllm.plugins.modules import readahead_window
 
