@@ -56,8 +56,10 @@ import argparse
 import ctypes
 import errno
 import fcntl
+import grp
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -122,6 +124,13 @@ DEFAULTS: Dict[str, Any] = {
     "admission_wait_s": 60.0,
     "proc_root": "/proc",
     "sysfs_root": "/sys",
+    # least privilege: the launcher keeps root for the node's work (lock, eviction, guard,
+    # readahead); the engine process runs as this user (None or root: as the launcher)
+    "engine_user": None,
+    "engine_group": None,  # default: the user's primary group
+    "engine_groups": [],  # supplementary groups, e.g. video and render for /dev/nvidia* and /dev/dri
+    "engine_home": None,  # default: the user's home from the passwd database
+    "engine_umask": "0027",
 }
 KV_MARKERS = re.compile(
     r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
@@ -192,11 +201,67 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
     if not isinstance(config.get("env"), dict):
         raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
+    config["_identity"] = engine_identity(config)
     if not isinstance(config.get("watch_ranks"), bool):
         raise UmaError(
             "watch_ranks", config.get("watch_ranks"), "is not true or false", "Give true (default) or false."
         )
     return config
+
+
+def _group_id(option: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if not isinstance(value, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", value):
+        raise UmaError(option, value, "is not a group name", "Give a group name of this node, e.g. video.")
+    try:
+        return grp.getgrnam(value).gr_gid
+    except KeyError:
+        raise UmaError(
+            option, value, "is not a group on this node", "Create it (groupadd %s) or leave it out." % value
+        ) from None
+
+
+def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """Who the engine process runs as: None (as the launcher), or uid, gid, groups, home, umask.
+
+    The launcher needs root for the node's work; the engine does not, so it
+    runs as ``engine_user`` when one is set (uma.vllm.vllm_service: vllm_service_user).
+    """
+    user = config.get("engine_user")
+    if user in (None, "", "root", 0):
+        for key in ("engine_group", "engine_home"):
+            if config.get(key) not in (None, ""):
+                raise UmaError(key, config.get(key), "is set without engine_user", "Set engine_user, or drop %s." % key)
+        return None
+    if not isinstance(user, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", user):
+        raise UmaError("engine_user", user, "is not a user name", "Give a user name of this node, e.g. uma-vllm.")
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise UmaError(
+            "engine_user", user, "is not a user on this node",
+            "Create it (uma.vllm.vllm_service does with vllm_service_user_create: true) or use root.",
+        ) from None  # fmt: skip
+    group = config.get("engine_group")
+    gid = entry.pw_gid if group in (None, "") else _group_id("engine_group", group)
+    groups = config.get("engine_groups")
+    if groups is None:
+        groups = []
+    if not isinstance(groups, list):
+        raise UmaError("engine_groups", groups, "is not a list of group names", "Give e.g. [video, render] or [].")
+    gids = sorted({_group_id("engine_groups", g) for g in groups})
+    home = config.get("engine_home") or entry.pw_dir
+    if not isinstance(home, str) or not home.startswith("/") or "\n" in home:
+        raise UmaError(
+            "engine_home", home, "is not an absolute path", "Give the engine user's home, e.g. /var/lib/uma-vllm/home."
+        )
+    umask = config.get("engine_umask")
+    if isinstance(umask, str) and re.match(r"^0?[0-7]{3}$", umask):
+        umask = int(umask, 8)
+    if isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777:
+        raise UmaError("engine_umask", config.get("engine_umask"), "is not an octal umask", 'Give e.g. "0027".')
+    return {"user": user, "uid": entry.pw_uid, "gid": gid, "groups": gids, "home": home, "umask": umask}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,6 +463,15 @@ def _set_pdeathsig() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _engine_child(home: str) -> None:
+    """Child side, after the uid change: the parent-death signal again, HOME as the cwd."""
+    _set_pdeathsig()
+    try:
+        os.chdir(home)
+    except OSError:
+        os.chdir("/")
 
 
 def node_shutting_down() -> bool:
@@ -681,15 +755,32 @@ class Launch:
     def start_engine(self) -> None:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in self.config["env"].items()})
+        ident = self.config.get("_identity")
+        drop: Dict[str, Any] = {}
+        if ident:
+            # least privilege: the engine runs as the engine user (the kernel clears the
+            # parent-death signal on a uid change; subprocess sets it again after the change)
+            env.update({"HOME": ident["home"], "USER": ident["user"], "LOGNAME": ident["user"]})
+            home = ident["home"]
+            drop = {
+                "user": ident["uid"], "group": ident["gid"], "extra_groups": ident["groups"], "umask": ident["umask"],
+                # chdir as the engine user (after the uid change): a launcher without CAP_DAC_OVERRIDE
+                # (the unit's CapabilityBoundingSet) cannot enter the user's 0750 home itself
+                "preexec_fn": lambda: _engine_child(home),
+            }  # fmt: skip
+            self.record["engine_user"] = ident["user"]
         self.engine = subprocess.Popen(
             self.config["command"],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=_set_pdeathsig,  # noqa: PLW1509 - only prctl, before any thread
+            preexec_fn=drop.pop("preexec_fn", _set_pdeathsig),  # noqa: PLW1509 - prctl/chdir only, before any thread
+            **drop,
         )
-        self.log.step("engine-started", pid=self.engine.pid, argv=self.config["command"])
+        self.log.step(
+            "engine-started", pid=self.engine.pid, user=ident["user"] if ident else "root", argv=self.config["command"]
+        )
         threading.Thread(target=self._pump, name="engine-output", daemon=True).start()
 
     def _pump(self) -> None:
@@ -864,7 +955,20 @@ class Launch:
                 return EXIT_ADMISSION
             self.open_readahead()
             self.start_guard()
-            self.start_engine()
+            try:
+                self.start_engine()
+            except OSError as err:
+                # e.g. the engine user may not execute the command or enter its home
+                who = (self.config.get("_identity") or {}).get("user", "root")
+                self.log.step("launch-failed", reason="the engine did not start as %s: %s" % (who, err))
+                self.log.line(
+                    "%s: option 'command' = %r: cannot be started as user %s (%s). Give that user read and execute "
+                    "access to the command, its venv and the model (e.g. chmod o+rX), or set engine_user "
+                    "(vllm_service_user) to root." % (PROG, self.config["command"][0], who, err.strerror or err)
+                )
+                self.record["failed_at"] = self.log.elapsed()
+                self.record["exit_code"] = EXIT_CONFIG
+                return EXIT_CONFIG
             healthy, why = self.wait_healthy()
             if not healthy:
                 self.record["failed_at"] = self.log.elapsed()

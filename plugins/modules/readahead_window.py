@@ -202,7 +202,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -574,18 +574,106 @@ def _write_file(option: str, path: str, content: str) -> None:
         ) from None
 
 
-def execute(p: WindowPlan, systemd: Systemd) -> None:
-    """Carry out a plan. Throttle: programs, boot unit, record, timer, THEN live values."""
+def _snapshot(path: Optional[str]) -> Optional[Tuple[bytes, int]]:
+    """The bytes and mode of ``path`` before execute (None: absent)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(), os.stat(path).st_mode & 0o7777
+    except OSError:
+        return None
+
+
+def _put_back(path: str, old: Optional[Tuple[bytes, int]]) -> None:
+    """``path`` as it was: the old bytes (written atomically, old mode), or gone when it was absent."""
+    if old is None:
+        if os.path.lexists(path):
+            os.unlink(path)
+        return
+    tmp = "%s.uma-undo.%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(old[0])
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, old[1])
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+class _Undo:
+    """What execute changed, undone in reverse order when a later step fails (all or nothing)."""
+
+    def __init__(self, dirs: Sequence[Optional[str]]) -> None:
+        self.steps: List[Tuple[str, Callable[[], None]]] = []
+        # directories execute may create: removed again (when empty) on a failure
+        self.new_dirs = sorted({d for d in dirs if d and not os.path.exists(d)}, key=len, reverse=True)
+
+    def add(self, what: str, step: Callable[[], None]) -> None:
+        self.steps.append((what, step))
+
+    def file(self, path: str) -> None:
+        old = _snapshot(path)
+        self.add(path, lambda: _put_back(path, old))
+
+    def run(self) -> Tuple[List[str], List[str]]:
+        """Undo everything; returns (what was put back, what could not be)."""
+        done, failed = [], []
+        for what, step in reversed(self.steps):
+            try:
+                step()
+                done.append(what)
+            except (OSError, UmaError) as err:
+                failed.append("%s (%s)" % (what, getattr(err, "message", None) or err))
+        for path in self.new_dirs:
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+        return done, failed
+
+
+def _set_live(p: WindowPlan, undo: _Undo) -> None:
+    """The live values, each set only after the one before it took; a refused one names its device."""
+    for name, kb in sorted(p.live_changes.items()):
+        dev = next(d for d in p.devices if d.name == name)
+        try:
+            _blockdev.write_ra(dev.ra_path, kb)
+        except UmaError as err:
+            raise UmaError(
+                "read_ahead_kb", kb, "was refused for device %s: %s" % (name, err.problem), err.fix
+            ) from None
+        old = p.live_before.get(name)
+        if old is not None:
+            undo.add(
+                "device %s read_ahead_kb back to %d" % (name, old),
+                lambda d=dev, v=old: _blockdev.write_ra(d.ra_path, v),
+            )
+
+
+def _execute(p: WindowPlan, systemd: Systemd, undo: _Undo) -> None:
     req = p.request
     if req.state == "throttled":
+        for item in p.node_files:
+            if item.changed:
+                undo.file(item.path)
         install_node_files(p.node_files)
         if p.boot_after is not None and p.boot_path is not None and p.boot_changed:
             if p.boot_before != p.boot_after:
+                undo.file(p.boot_path)
+                undo.add("daemon-reload", systemd.daemon_reload)
                 _write_file("systemd_dir", p.boot_path, p.boot_after)
                 systemd.daemon_reload()
             if not p.boot_enabled or p.boot_before != p.boot_after:
+                if not p.boot_enabled:
+                    unit = _blockdev.BOOT_UNIT
+                    undo.add("disable " + unit, lambda: systemd.runner([systemd.systemctl, "disable", unit]) and None)
                 systemd.enable(_blockdev.BOOT_UNIT)
         if p.record_after is not None and p.record_after != p.record_before:
+            undo.file(p.record_path)
             _blockdev.write_record(p.record_path, p.record_after)
         if p.arm_timer:
             if p.timer_loaded:
@@ -601,16 +689,14 @@ def execute(p: WindowPlan, systemd: Systemd) -> None:
                 timer_properties=["AccuracySec=1s"],
                 on_active=p.duration,
             )
-        for name, kb in sorted(p.live_changes.items()):
-            dev = next(d for d in p.devices if d.name == name)
-            _blockdev.write_ra(dev.ra_path, kb)
+            undo.add("stop " + p.timer, lambda: systemd.stop(p.timer))
+        _set_live(p, undo)
     else:
+        # live values first: a refused one leaves the timer and the record of the open window as they were
+        _set_live(p, undo)
         if p.stop_timer:
             systemd.stop(p.timer)
             systemd.reset_failed(p.timer)
-        for name, kb in sorted(p.live_changes.items()):
-            dev = next(d for d in p.devices if d.name == name)
-            _blockdev.write_ra(dev.ra_path, kb)
         if p.record_before is not None or os.path.exists(p.record_path):
             try:
                 os.unlink(p.record_path)
@@ -624,7 +710,31 @@ def execute(p: WindowPlan, systemd: Systemd) -> None:
                     "Run with become: true.",
                 ) from None
     if p.udev_changed and p.udev_path is not None and p.udev_after is not None:
+        undo.file(p.udev_path)
         _write_file("udev_rules_dir", p.udev_path, p.udev_after)
+
+
+def execute(p: WindowPlan, systemd: Systemd) -> None:
+    """Carry out a plan, all or nothing. Throttle: programs, boot unit, record, timer, THEN live
+    values; restore: live values, then timer and record. When a step fails, every step before it
+    is undone (live values set back, files and the record put back byte for byte, an armed timer
+    stopped, created directories removed) and the error names what failed."""
+    req = p.request
+    undo = _Undo(
+        [req.lib_dir if any(f.changed for f in p.node_files) else None,
+         os.path.dirname(p.record_path), os.path.dirname(p.boot_path or ""), os.path.dirname(p.udev_path or "")]
+    )  # fmt: skip
+    try:
+        _execute(p, systemd, undo)
+    except (UmaError, OSError) as err:
+        if not isinstance(err, UmaError):
+            err = UmaError("state", req.state, "failed (%s)" % err, "Check the node.")
+        done, failed = undo.run()
+        if failed:
+            tail = "Undone: %s. NOT undone: %s - fix these by hand." % (", ".join(done) or "nothing", "; ".join(failed))
+        else:
+            tail = "Nothing was changed: %s." % (", ".join(done) + " put back" if done else "no step had run")
+        raise UmaError(err.option, err.value, "%s. %s" % (err.problem.rstrip("."), tail), err.fix) from None
 
 
 def result(p: WindowPlan, systemd_ok: bool = True) -> Dict[str, Any]:

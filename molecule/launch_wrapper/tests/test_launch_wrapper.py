@@ -85,3 +85,29 @@ def test_admission_refused_next_to_a_memory_hog(host):
     names = [s["name"] for s in rec["steps"]]
     assert "admission-refused" in names and "engine-started" not in names
     assert rec["failed_at"] < 30
+
+
+def test_the_engine_runs_as_the_engine_user_the_launcher_as_root(host):
+    """Least privilege (issue 10): launcher_wrapper_engine_user = uma-engine, under the unit's hardening."""
+    user = host.user("uma-engine")
+    assert user.exists and user.shell == "/usr/sbin/nologin" and user.home == "/var/lib/uma-vllm/engine-home"
+    home = host.file("/var/lib/uma-vllm/engine-home")
+    assert home.is_directory and home.user == "uma-engine" and home.mode == 0o750
+    node = json.loads(host.file("/etc/uma-vllm/launch.json").content_string)
+    assert node["engine_user"] == "uma-engine" and node["engine_groups"] == ["video", "render"]
+    seen = json.loads(host.file("/var/lib/uma-vllm/lw-user.json").content_string)
+    launcher, *engine = seen["processes"]
+    assert launcher["uid"] == ["0"] * 4 and "uma_launch" in launcher["cmd"]
+    assert len(engine) >= 2  # the API server and the engine core at least
+    assert {tuple(p["uid"]) for p in engine} == {(str(user.uid),) * 4}
+    assert {tuple(p["gid"]) for p in engine} == {(str(user.gid),) * 4}
+    groups = {host.group(g).gid for g in ("video", "render")}
+    assert all({int(g) for g in p["groups"]} == groups for p in engine)
+    assert {p["cap_eff"] for p in engine} == {"0000000000000000"}
+    assert any(p["name"].startswith("VLLM") or "EngineCore" in p["cmd"] for p in engine)
+    # the unit ran under the hardening vllm_service gives a non-root engine user
+    assert seen["unit"]["ProtectHome"] == "yes" and seen["unit"]["NoNewPrivileges"] == "yes"
+    assert set(seen["unit"]["CapabilityBoundingSet"].split()) == {
+        "cap_setuid", "cap_setgid", "cap_kill", "cap_sys_admin", "cap_dac_read_search",
+    }  # fmt: skip
+    assert record(host, "a")["engine_user"] == "uma-engine"

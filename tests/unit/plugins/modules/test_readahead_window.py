@@ -323,7 +323,7 @@ def test_unreadable_record_is_refused(run_module, node):
     assert failed and result["option"] == "state_dir" and "unreadable record" in result["msg"]
 
 
-def test_failing_systemd_run_fails_cleanly_with_record_kept(run_module, node, monkeypatch):
+def test_failing_systemd_run_fails_cleanly_and_changes_nothing(run_module, node, monkeypatch):
     real = node.systemd.__call__
 
     def broken(argv):
@@ -335,7 +335,9 @@ def test_failing_systemd_run_fails_cleanly_with_record_kept(run_module, node, mo
     failed, result = run_module(readahead_window, node.args(device="sda"))
     assert failed and "already exists" in result["msg"]
     assert node.ra("sda") == 4096  # not throttled without a timer
-    assert json.loads(node.record.read_text())["devices"][0]["original_kb"] == 4096
+    # all or nothing (issue 10): the record, the boot unit and the programs written before are gone again
+    assert "Nothing was changed" in result["msg"]
+    assert not node.record.exists() and not node.boot_unit.exists() and not (node.root / "lib").exists()
 
 
 def test_validate_is_pure():
