@@ -846,7 +846,7 @@ def test_the_handshake_phase_is_the_one_state_series_at_1(tmp_path, nodes, engin
     dog.publish()
     series = _series((node.root / "textfile" / "uma_vllm_watchdog_main.prom").read_text())
     at_1 = [labels for (name, labels), value in series.items() if name == "uma_vllm_watchdog_state" and value == 1]
-    assert at_1 == [("engine=\"main\"", "phase=\"%s\"" % phase)]
+    assert at_1 == [('engine="main"', 'phase="%s"' % phase)]
     phases = {labels[1] for (name, labels) in series if name == "uma_vllm_watchdog_state"}
     assert {'phase="%s"' % p for p in logic.PUBLISHED_PHASES} == phases
 
