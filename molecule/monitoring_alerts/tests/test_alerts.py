@@ -200,3 +200,30 @@ def test_critical_floor_restarts_the_real_engine_and_fires(prom):
     assert not prom.firing("UmaVllmWatchdogMemoryFloorWarning", state="firing")
     # the real engine serves again after the restart (the watchdog sees it healthy)
     prom.wait_query('uma_vllm_watchdog_state{engine="tiny",phase="healthy"} == 1', 180)
+
+
+def test_diagnose_playbook_reports_what_the_watchdogs_did(tmp_path):
+    """playbooks/diagnose.yml on both nodes: the real watchdogs' records, read by oom_diagnose."""
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, ".cache", "collections"))
+    proc = subprocess.run(
+        [playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"], os.path.join(REPO, "playbooks", "diagnose.yml"),
+         "-e", "report_dir=%s" % tmp_path],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    reports = {host: json.loads((tmp_path / ("%s.json" % host)).read_text()) for host in (AI1, AI2)}
+    (never,) = [d for d in reports[AI2]["diagnoses"] if d["engine"] == "never"]
+    assert never["watchdog"]["gave_up"] is True and never["watchdog"]["restarts"] == 1, never["watchdog"]
+    assert "watchdog GAVE UP: every rank is stopped and left stopped" in never["evidence"]
+    (tiny,) = [d for d in reports[AI1]["diagnoses"] if d["engine"] == "tiny"]
+    assert (tiny["watchdog"]["floor_restarts"], tiny["watchdog"]["evictions"]) == (1, 1), tiny["watchdog"]
+    restart = next(e for e in tiny["watchdog"]["events"] if e["action"] == "restart")
+    assert "kind floor" in restart["evidence"] and any(
+        p.startswith("MemAvailable 600 MiB") for p in restart["evidence"]
+    )
+    markdown = (tmp_path / ("%s.md" % AI1)).read_text()
+    assert "## Engine watchdog" in markdown and "critical floor" in markdown
+    assert "Watchdog: phase gave_up" in " ".join(proc.stdout.split())  # the verdict line the play shows
+    shown = [line for line in proc.stdout.splitlines() if "Watchdog" in line or "msg:" in line]
+    print("[monitoring_alerts] diagnose.yml:\n" + "\n".join(shown))
