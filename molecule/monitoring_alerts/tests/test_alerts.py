@@ -196,6 +196,11 @@ def test_critical_floor_restarts_the_real_engine_and_fires(prom):
     assert len(restarts) == 1 and "critical floor" in restarts[0]["reason"], restarts
     assert restarts[0]["evidence"]["kind"] == "floor"
     assert restarts[0]["evidence"]["stop"]["error"] is None and "error" not in restarts[0]["evidence"]["start"]
+    # while the real engine stopped, the textfile said restart_stop (a phase series at 1, not all 0)
+    stop_s = restarts[0]["evidence"]["stop"]["duration_s"]
+    print("[monitoring_alerts] the real engine's stop took %.1f s" % stop_s)
+    seen = values(prom, 'max_over_time(uma_vllm_watchdog_state{engine="tiny",phase="restart_stop"}[10m])')
+    assert list(seen.values()) == [1.0], seen
     # the warning alert still needs 3 evictions: one so far (evict_every_s 600)
     assert not prom.firing("UmaVllmWatchdogMemoryFloorWarning", state="firing")
     # the real engine serves again after the restart (the watchdog sees it healthy)
