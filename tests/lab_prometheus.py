@@ -329,7 +329,7 @@ def _rfc3339(text: str) -> float:
 
     if not text:
         return 0.0
-    head, _, frac = text.partition(".")
+    head, _dot, frac = text.partition(".")
     tz = "+00:00"
     if frac:
         digits = "".join(ch for ch in frac if ch.isdigit())

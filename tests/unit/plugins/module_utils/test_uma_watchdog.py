@@ -832,8 +832,8 @@ def _series(text):
         if not line or line.startswith("#"):
             continue
         head, value = line.rsplit(" ", 1)
-        name, _, labels = head.partition("{")
-        pairs = tuple(sorted(p.split("=", 1)[0] + "=" + p.split("=", 1)[1] for p in labels.rstrip("}").split(",") if p))
+        name, _brace, labels = head.partition("{")
+        pairs = tuple(sorted(p for p in labels.rstrip("}").split(",") if p))
         out[(name, pairs)] = float(value)
     return out
 
