@@ -318,12 +318,12 @@ class LabPrometheus:
 
         def probe() -> bool:
             evals = self.rule_evaluations()
-            return bool(evals) and all(_rfc3339(v) > moment for v in evals.values())
+            return bool(evals) and all(rfc3339_to_unix(v) > moment for v in evals.values())
 
         self._wait("every alert rule evaluated after %.3f" % moment, probe, timeout, self.rule_evaluations)
 
 
-def _rfc3339(text: str) -> float:
+def rfc3339_to_unix(text: str) -> float:
     """Prometheus' lastEvaluation (nanosecond RFC 3339) -> Unix time; 0 when unparsable."""
     import datetime
 

@@ -31,7 +31,7 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
-from lab_prometheus import LabPrometheus, docker_ip
+from lab_prometheus import LabPrometheus, docker_ip, rfc3339_to_unix
 
 AI1, AI2 = "alerts-ai1", "alerts-ai2"
 MIB = 1 << 20
@@ -156,13 +156,24 @@ def test_targets_up_and_both_textfiles_and_the_engine_are_scraped(prom):
     assert errors and set(errors.values()) == {0.0}, errors
 
 
+def active_at(alert):
+    """The alert's activeAt (when its rule first matched) as Unix time."""
+    return rfc3339_to_unix(alert["activeAt"])
+
+
 def test_gave_up_engine_fires_the_gave_up_alert(prom):
-    started = time.monotonic()
     alert = prom.wait_alert("UmaVllmWatchdogGaveUp", {"engine": "never", "instance": "alerts-ai2:9100"}, 120)
-    print("[monitoring_alerts] UmaVllmWatchdogGaveUp firing %.1f s into the test" % (time.monotonic() - started))
     assert alert["labels"]["severity"] == "critical"
     assert "every rank is left stopped" in alert["annotations"]["summary"]
-    wait_events(AI2, "never", "gave_up")
+    (gave_up,) = wait_events(AI2, "never", "gave_up")
+    (start,) = [e for e in events(AI2, "never") if e["action"] == "start"]
+    print(
+        "[monitoring_alerts] never: watchdog start -> gave up %.1f s -> UmaVllmWatchdogGaveUp active %.1f s later"
+        % (
+            gave_up["evidence"]["decided_at_epoch_s"] - start["epoch_s"],
+            active_at(alert) - gave_up["evidence"]["decided_at_epoch_s"],
+        )
+    )
     actions = [e["action"] for e in events(AI2, "never")]
     assert actions.count("restart") == 1 and actions.count("gave_up") == 1, actions
     assert sh(AI2, "systemctl is-active uma-vllm@never.service", check=False).strip() == "inactive"
@@ -186,13 +197,18 @@ def test_near_miss_one_eviction_fires_no_floor_alert(prom):
 
 def test_critical_floor_restarts_the_real_engine_and_fires(prom):
     fake_meminfo(AI1, 600 * MIB)
-    lowered = time.monotonic()
+    lowered = time.time()
     alert = prom.wait_alert("UmaVllmWatchdogMemoryFloorCritical", {"engine": "tiny", "instance": "alerts-ai1:9100"}, 90)
-    took = time.monotonic() - lowered
+    seen_firing = time.time()
     fake_meminfo(AI1, 8 * GIB)  # memory back: the restarted engine is watched as usual
-    print("[monitoring_alerts] below the critical floor -> UmaVllmWatchdogMemoryFloorCritical firing in %.1f s" % took)
     assert alert["labels"]["severity"] == "critical"
     restarts = wait_events(AI1, "tiny", "restart")
+    decided = restarts[0]["evidence"]["decided_at_epoch_s"]
+    print(
+        "[monitoring_alerts] tiny: MemAvailable under the critical floor -> restart decided %.1f s -> "
+        "UmaVllmWatchdogMemoryFloorCritical active %.1f s later (seen firing through the API %.1f s after the fault)"
+        % (decided - lowered, active_at(alert) - decided, seen_firing - lowered)
+    )
     assert len(restarts) == 1 and "critical floor" in restarts[0]["reason"], restarts
     assert restarts[0]["evidence"]["kind"] == "floor"
     assert restarts[0]["evidence"]["stop"]["error"] is None and "error" not in restarts[0]["evidence"]["start"]
