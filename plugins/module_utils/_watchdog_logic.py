@@ -557,6 +557,8 @@ def decide(
     s["progress"] = None
     s["progress_at"] = None
     _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
+    # a restart from "starting" (start timeout, critical floor) is a new start: its own start_timeout_s
+    s["phase_since"] = now
     actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})
     return s, actions
 
