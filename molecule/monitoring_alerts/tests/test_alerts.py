@@ -174,6 +174,8 @@ def test_gave_up_engine_fires_the_gave_up_alert(prom):
             active_at(alert) - gave_up["evidence"]["decided_at_epoch_s"],
         )
     )
+    # two attempts, each given the whole start_timeout_s (3 s), before giving up
+    assert gave_up["evidence"]["decided_at_epoch_s"] - start["epoch_s"] >= 2 * 3
     actions = [e["action"] for e in events(AI2, "never")]
     assert actions.count("restart") == 1 and actions.count("gave_up") == 1, actions
     assert sh(AI2, "systemctl is-active uma-vllm@never.service", check=False).strip() == "inactive"
