@@ -50,6 +50,10 @@ PROGRESS_METRICS = (
 )
 
 PHASES = ("starting", "healthy", "suspect", "backoff", "stopped", "gave_up")
+# What rank 0 publishes while a whole-engine restart runs (its status, state.json, the
+# textfile): not decision phases, but the engine is in them, so the metrics need them too.
+HANDSHAKE_PHASES = ("restart_stop", "restart_start")
+PUBLISHED_PHASES = PHASES + HANDSHAKE_PHASES
 
 # Floors: critical = the reserve rule of _sysctl (uma-3pct-v1) on the host's RAM;
 # warning = twice that. Both overridable.
@@ -553,6 +557,8 @@ def decide(
     s["progress"] = None
     s["progress_at"] = None
     _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
+    # a restart from "starting" (start timeout, critical floor) is a new start: its own start_timeout_s
+    s["phase_since"] = now
     actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})
     return s, actions
 

@@ -206,7 +206,7 @@ class Watchdog:
     def write_metrics(self, snap: Dict[str, Any]) -> None:
         labels = {"engine": self.engine}
         out: List[Tuple[str, Dict[str, Any], float]] = []
-        for phase in logic.PHASES:
+        for phase in logic.PUBLISHED_PHASES:
             out.append(("uma_vllm_watchdog_state", dict(labels, phase=phase), 1 if snap["phase"] == phase else 0))
         out.append(("uma_vllm_watchdog_gave_up", labels, 1 if self.state["phase"] == "gave_up" else 0))
         for name in ("health", "probe"):
@@ -230,7 +230,7 @@ class Watchdog:
         out.append(("uma_vllm_watchdog_floor_bytes", dict(labels, level="critical"), self.floors["critical_bytes"]))
         for name, peer in sorted((self.last_obs.get("peers") or {}).items()):
             out.append(("uma_vllm_watchdog_peer_ok", dict(labels, peer=name), 1 if peer["ok"] else 0))
-        out.append(("uma_vllm_watchdog_timestamp_seconds", {}, round(time.time(), 3)))
+        out.append(("uma_vllm_watchdog_timestamp_seconds", labels, round(time.time(), 3)))
         path = os.path.join(self.cfg["textfile_dir"], "uma_vllm_watchdog_%s.prom" % self.engine)
         try:
             atomic_write(path, render(out, METRICS))

@@ -25,6 +25,10 @@ description:
   - Returns a Markdown report and, per engine, an SVG of the memory timeline of the launch with the
     KV-cache allocation moment marked. It only reads; writing the reports is the caller's (see the
     playbook C(uma.vllm.diagnose)).
+  - Reads the engine watchdog's records (C(<state_dir>/watchdog/<engine>/state.json) and C(events.json),
+    written by C(uma_watchdog.py)) and reports what it saw and did - wedges, memory floor events and
+    evictions, restarts (with their kind and the observations that decided them), a give-up - under
+    RV(diagnoses[].watchdog) and in the report's "Engine watchdog" section.
   - Sources that are missing or unreadable are reported under RV(sources), never a failure.
 author:
   - uma.vllm developers (@uma-vllm)
@@ -42,8 +46,8 @@ options:
   engines:
     description:
       - Engines to diagnose (the C(<engine>) of C(uma-vllm@<engine>.service)).
-      - Empty means every engine that has a launch directory under O(state_dir)C(/launches); with none,
-        one node-level diagnosis from the kernel log alone.
+      - Empty means every engine that has a launch directory under O(state_dir)C(/launches) or watchdog
+        records under O(state_dir)C(/watchdog); with none, one node-level diagnosis from the kernel log alone.
     type: list
     elements: str
     default: []
@@ -199,6 +203,14 @@ diagnoses:
     metrics:
       description: The values read from C(/metrics) (KV usage and which metric name, running, waiting...).
       type: dict
+    watchdog:
+      description:
+        - What the engine watchdog saw and did, from its C(state.json) and C(events.json); null when it
+          left no records. Unreadable records are counted under C(unreadable), never a failure.
+        - C(phase), C(reason), C(gave_up), C(counts) (wedges, restarts, floor_warn, floor_critical, gave_up),
+          C(restarts), C(floor_restarts), C(evictions), and C(events) (the last 20 actions, each with C(at),
+          C(action), C(reason) and C(evidence) phrases such as C(kind floor) or C(MemAvailable 600.0 MiB ...)).
+      type: dict
   sample:
     - engine: dsv4
       class: page_cache_starvation
@@ -236,6 +248,7 @@ changed:
   type: bool
 """
 
+import json
 import os
 import platform
 import re
@@ -385,6 +398,41 @@ def _check_inputs(p):
         value = p.get(option)
         if value is not None and (not isinstance(value, str) or "\x00" in value):
             raise UmaError(option, value, "is not a path", "Give an absolute path.")
+
+
+def _watchdog_record(path, want):
+    """One of the watchdog's JSON records: (data, note). Missing, unreadable or garbled -> (None, why)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(16 * 1024 * 1024)
+    except FileNotFoundError:
+        return None, "missing"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        return None, "not valid JSON (%s)" % str(exc)[:80]
+    if not isinstance(data, want):
+        return None, "not a JSON %s (%s)" % ("object" if want is dict else "list", type(data).__name__)
+    return data, "%d entries" % len(data) if want is list else "phase %s" % data.get("phase")
+
+
+def _read_watchdog(state_dir, engine, sources):
+    """The watchdog's state.json and events.json for ``engine`` (never a failure)."""
+    base = os.path.join(state_dir, "watchdog", engine)
+    state, state_note = _watchdog_record(os.path.join(base, "state.json"), dict)
+    events, events_note = _watchdog_record(os.path.join(base, "events.json"), list)
+    sources["watchdog:%s" % engine] = "%s: state.json %s, events.json %s" % (base, state_note, events_note)
+    return _diagnose.summarize_watchdog(state, events)
+
+
+def _watchdog_dirs(state_dir):
+    root = os.path.join(state_dir, "watchdog")
+    try:
+        return sorted(d for d in os.listdir(root) if ENGINE_RE.fullmatch(d) and os.path.isdir(os.path.join(root, d)))
+    except OSError:
+        return []
 
 
 def _launch_dirs(state_dir):
@@ -561,7 +609,8 @@ def diagnose_node(p, lines, timeout, settings):
         sources["meminfo"] = "%s/meminfo: %s" % (p["proc_root"], exc.strerror)
     sysctl = _sysctls(p["proc_root"], p["sysctl_keys"])
     boot_time = _boot_time(p["proc_root"])
-    engines = list(p["engines"]) or _launch_dirs(p["state_dir"]) or [None]
+    found = sorted(set(_launch_dirs(p["state_dir"])) | set(_watchdog_dirs(p["state_dir"])))
+    engines = list(p["engines"]) or found or [None]
     diagnoses, timelines, sections = [], [], []
     for engine in engines:
         evidence = {"dmesg": kernel or "", "meminfo": meminfo, "sysctl": sysctl, "engine": engine}
@@ -579,6 +628,9 @@ def diagnose_node(p, lines, timeout, settings):
             evidence["launch"] = launch
             evidence["samples"] = samples_text or ""
             evidence["other_launches"] = _other_launches(p["state_dir"], engine)
+            watchdog = _read_watchdog(p["state_dir"], engine, sources)
+            if watchdog is not None:
+                evidence["watchdog"] = watchdog
             guard = _json_source(os.path.join(p["run_dir"], "guard-%s.json" % engine))
             if isinstance(guard, dict):
                 evidence["guard"] = guard

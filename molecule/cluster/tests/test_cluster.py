@@ -150,7 +150,9 @@ def test_engine_config_has_the_planned_flags_and_the_rank_link_for_this_host(hos
     command = config["command"]
     assert command[:7] == [*LAB_COMMAND, "/models/tiny-1g", "--host", "0.0.0.0", "--port", "8100"]
     flags = command[7:]
-    assert flags[flags.index("--tensor-parallel-size") + 1] == "2" and flags[flags.index("--max-model-len") + 1] == "512"
+    assert (
+        flags[flags.index("--tensor-parallel-size") + 1] == "2" and flags[flags.index("--max-model-len") + 1] == "512"
+    )
     assert flags[flags.index("--nnodes") + 1] == "2" and flags[flags.index("--node-rank") + 1] == str(rank)
     assert flags[flags.index("--master-addr") + 1] == head and flags[flags.index("--master-port") + 1] == "29501"
     assert ("--headless" in flags) == (rank == 1) and "--enforce-eager" in flags

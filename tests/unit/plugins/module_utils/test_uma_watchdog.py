@@ -819,3 +819,48 @@ def test_two_ranks_gave_up_leaves_every_rank_stopped(tmp_path, nodes, engine, ru
     time.sleep(1.0)  # and they stay stopped
     assert ai1.unit()["ActiveState"] == "inactive" and ai2.unit()["ActiveState"] == "inactive"
     assert ai2.calls().count("start") == 2  # the test's own + the one whole restart
+
+
+# --------------------------------------------------------------------------
+# the textfile: every published phase has its series, every series names its engine
+
+
+def _series(text):
+    """(name, sorted labels) -> value of a textfile, parsed the way node-exporter keys series."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _brace, labels = head.partition("{")
+        pairs = tuple(sorted(p for p in labels.rstrip("}").split(",") if p))
+        out[(name, pairs)] = float(value)
+    return out
+
+
+@pytest.mark.parametrize("phase", ["restart_stop", "restart_start", "gave_up"])
+def test_the_handshake_phase_is_the_one_state_series_at_1(tmp_path, nodes, engine, phase):
+    node = nodes("ai1")
+    dog = wd.Watchdog(config(tmp_path, node, engine.url))
+    dog.publish_phase = phase  # what restart_all / stop_all publish while the handshake runs
+    dog.publish()
+    series = _series((node.root / "textfile" / "uma_vllm_watchdog_main.prom").read_text())
+    at_1 = [labels for (name, labels), value in series.items() if name == "uma_vllm_watchdog_state" and value == 1]
+    assert at_1 == [('engine="main"', 'phase="%s"' % phase)]
+    phases = {labels[1] for (name, labels) in series if name == "uma_vllm_watchdog_state"}
+    assert {'phase="%s"' % p for p in logic.PUBLISHED_PHASES} == phases
+
+
+def test_two_engines_on_one_node_write_disjoint_series(tmp_path, nodes, engine):
+    node = nodes("ai1")
+    textfile = node.root / "textfile"
+    for name in ("qwen", "embed"):
+        cfg = config(tmp_path, node, engine.url, engine=name, state_dir=str(node.root / ("state-" + name)))
+        wd.Watchdog(cfg).publish()
+    files = sorted(textfile.glob("uma_vllm_watchdog_*.prom"))
+    assert [f.name for f in files] == ["uma_vllm_watchdog_embed.prom", "uma_vllm_watchdog_qwen.prom"]
+    first, second = (set(_series(f.read_text())) for f in files)
+    # node-exporter refuses a series that two textfiles both carry (the whole scrape of the collector fails)
+    assert first & second == set()
+    for key in first | second:
+        assert any(label.startswith("engine=") for label in key[1]), key

@@ -306,6 +306,30 @@ def test_a_loading_engine_is_not_wedged_before_the_start_timeout():
     assert [a["kind"] for _t, a in done if a["do"] == "restart"] == ["start_timeout"]
 
 
+def test_a_restart_after_a_start_timeout_gives_the_new_start_its_own_timeout():
+    # an engine that never becomes healthy: the first restart comes at the start timeout (no
+    # backoff before the first); the start it makes must get the whole start_timeout_s again
+    # (found in the lab: gave up 1 tick after the first restart, 4.5 s with start_timeout_s 3)
+    c = cfg(start_timeout_s=100, max_restarts=1)
+    dead = ok_obs(local={"ok": False, "reason": "0 of 1 processes"}, health={"ok": False}, metrics=None, probe=None)
+    state, done = run(c, [dead] * 22, start=0.0)  # t = 0 .. 105
+    restarts = [t for t, a in done if a["do"] == "restart"]
+    assert restarts == [100.0] and state["phase"] == "starting"
+    assert state["phase_since"] == 100.0
+    state, done = run(c, [dead] * 18, start=110.0, state=state)  # t = 110 .. 195: inside the new start's 100 s
+    assert done == [] and state["phase"] == "starting"
+    state, done = run(c, [dead], start=200.0, state=state)
+    assert [a["do"] for _t, a in done] == ["stop"] and state["phase"] == "gave_up"
+
+
+def test_a_critical_floor_restart_while_starting_restarts_the_start_clock():
+    c = cfg(start_timeout_s=100, floor_samples=2)
+    low = ok_obs(unit="activating", health=None, metrics=None, probe=None, mem={"available": 100 * MIB})
+    state, done = run(c, [low] * 3, start=50.0)  # t = 50, 55, 60
+    assert [(t, a["kind"]) for t, a in done if a["do"] == "restart"] == [(55.0, "floor")]
+    assert state["phase"] == "starting" and state["phase_since"] == 55.0
+
+
 def test_an_operator_stop_is_never_fought():
     c = cfg()
     state = healthy_state(c)

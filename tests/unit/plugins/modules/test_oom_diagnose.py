@@ -184,3 +184,71 @@ def test_refusals_name_the_option_and_the_fix(run_module, tmp_path, args, option
     assert failed
     assert result["msg"].startswith("option '%s' = " % option)
     assert ". Give" in result["msg"]
+
+
+# --------------------------------------------------------------------------
+# the engine watchdog's records (tests/unit/fixtures/watchdog)
+
+WATCHDOG_FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "watchdog")
+
+
+def _node_with_watchdog(tmp_path, engine, case=None, state=None, events=None):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "meminfo").write_text("MemTotal: 25165824 kB\nMemAvailable: 20000000 kB\n")
+    base = tmp_path / "state" / "watchdog" / engine
+    base.mkdir(parents=True)
+    for name, given in (("state.json", state), ("events.json", events)):
+        raw = given
+        if case is not None:
+            with open(os.path.join(WATCHDOG_FIXTURES, case, name), "rb") as handle:
+                raw = handle.read()
+        if raw is not None:
+            (base / name).write_bytes(raw)
+    return {
+        "proc_root": str(proc),
+        "state_dir": str(tmp_path / "state"),
+        "run_dir": str(tmp_path / "run"),
+        "journal_dir": str(tmp_path),
+        "kernel_log_file": str(tmp_path / "dmesg.txt"),
+        "report_host": "ai2",
+    }
+
+
+def test_watchdog_records_are_found_read_and_reported(run_module, tmp_path):
+    args = _node_with_watchdog(tmp_path, "never", case="gave_up")
+    failed, result = run_module(oom_diagnose, args)  # no engines given: found through the watchdog's directory
+    assert not failed, result.get("msg")
+    (diag,) = result["diagnoses"]
+    assert diag["engine"] == "never" and diag["watchdog"]["gave_up"] is True
+    assert diag["watchdog"]["restarts"] == 1 and diag["watchdog"]["counts"]["wedges"] == 2
+    assert result["sources"]["watchdog:never"].endswith("state.json phase gave_up, events.json 3 entries")
+    assert "## Engine watchdog" in result["report"] and "GAVE UP" in result["report"]
+    assert "kind start_timeout" in result["report"]
+
+
+def test_watchdog_floor_restart_in_the_report(run_module, tmp_path):
+    args = _node_with_watchdog(tmp_path, "tiny", case="floor_restart")
+    failed, result = run_module(oom_diagnose, dict(args, engines=["tiny"]))
+    assert not failed
+    wd = result["diagnoses"][0]["watchdog"]
+    assert (wd["floor_restarts"], wd["evictions"]) == (1, 1)
+    assert "restarts (1 for memory), 1 evictions" in result["report"]
+    assert "MemAvailable 600 MiB (warning floor 1.38 GiB, critical floor 704 MiB)" in result["report"]
+
+
+@pytest.mark.parametrize(
+    "state, events, said",
+    [
+        (b"{not json", b"[]", "state.json not valid JSON"),
+        (b"[1, 2]", b"\xff\xfe\x00garbage", "state.json not a JSON object (list)"),
+        (None, b'{"action": "restart"}', "state.json missing, events.json not a JSON list (dict)"),
+        (None, None, "state.json missing, events.json missing"),
+    ],
+)
+def test_missing_or_garbled_watchdog_records_are_never_a_failure(run_module, tmp_path, state, events, said):
+    args = _node_with_watchdog(tmp_path, "tiny", state=state, events=events)
+    failed, result = run_module(oom_diagnose, dict(args, engines=["tiny"]))
+    assert not failed, result.get("msg")
+    assert said in result["sources"]["watchdog:tiny"]
+    assert "Traceback" not in json.dumps(result)
