@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from ansible_collections.uma.vllm.plugins.module_utils import _guard_sweeper
 from ansible_collections.uma.vllm.plugins.module_utils import uma_guard as g
 
 MIB = 1 << 20
@@ -37,8 +38,8 @@ def test_defaults():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--mode", "files"], "needs --paths"),
-        (["--mode", "global", "--paths", "."], "has no effect in global mode"),
+        (["--mode", "files"], "'--paths' = []: is empty but mode=files"),
+        (["--mode", "global", "--paths", "."], "has no effect with mode=global"),
         (["--interval", "0"], "must be > 0 and <= 60"),
         (["--interval", "-1"], "must be > 0 and <= 60"),
         (["--interval", "61"], "must be > 0 and <= 60"),
@@ -357,7 +358,7 @@ def sweeper(monkeypatch):
         if offset <= start:
             res.ranges[fd] = (min(max(start, stop), end), end) if stop < end else (end, end)
 
-    monkeypatch.setattr(g, "fadvise_dontneed", fake_fadvise)
+    monkeypatch.setattr(_guard_sweeper, "fadvise_dontneed", fake_fadvise)
     sw = g.FileSweeper([], residency=res)
     sw.keep_by_dev[1] = 16 * MIB
     return sw, res, advised
@@ -442,7 +443,7 @@ class MappedFile:
 
 def test_advise_probes_a_growing_mapped_file_instead_of_walking_it(monkeypatch):
     res = MappedFile()
-    monkeypatch.setattr(g, "fadvise_dontneed", res.fadvise)
+    monkeypatch.setattr(_guard_sweeper, "fadvise_dontneed", res.fadvise)
     sw = g.FileSweeper([], residency=res)
     sw.keep_by_dev[1] = 16 * MIB
     st = {"floor": 0, "seen": 0, "tail": False, "end": None}
@@ -465,7 +466,9 @@ def test_advise_probes_a_growing_mapped_file_instead_of_walking_it(monkeypatch):
 
 def test_advise_without_a_residency_method_advises_whole_files(monkeypatch):
     advised = []
-    monkeypatch.setattr(g, "fadvise_dontneed", lambda fd, offset=0, length=0: advised.append((fd, offset, length)))
+    monkeypatch.setattr(
+        _guard_sweeper, "fadvise_dontneed", lambda fd, offset=0, length=0: advised.append((fd, offset, length))
+    )
 
     class Blind:
         page_size = 4096
