@@ -30,6 +30,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import (
     uma_guard,
 )
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, check_path, read_json
+from ansible_collections.uma.vllm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.uma.vllm.plugins.module_utils._guard_config import (
     DEFAULT_DROP_LEVEL,
     DEFAULT_INTERVAL,
@@ -127,13 +128,10 @@ class GuardPlan:
         return self.request.state == "started"
 
     def diff(self) -> Dict[str, Any]:
-        return {
-            "before": {"active": self.active_before, "config": self.config_before},
-            "after": {
-                "active": self.active_after,
-                "config": self.config if self.active_after else None,
-            },
-        }
+        tracker = DifferenceTracker()
+        tracker.add("active", self.active_before, self.active_after)
+        tracker.add("config", self.config_before, self.config if self.active_after else None)
+        return tracker.before_after()
 
 
 def validate(req: GuardRequest) -> Dict[str, Any]:

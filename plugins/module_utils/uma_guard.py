@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(ns: argparse.Namespace) -> Dict[str, Any]:
     """The effective configuration (GuardConfig's one validator), or UmaError naming the bad option."""
-    config = GuardConfig(**{key: value for key, value in vars(ns).items()})
+    config = GuardConfig(**vars(ns))
     return config.validated(spell=cli).as_dict()
 
 
