@@ -19,28 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.uma.vllm.plugins.module_utils import (
-    _common,
-    _guard_config,
-    _guard_memory,
-    _guard_residency,
-    _guard_status,
-    _guard_sweeper,
-    _guard_watch,
-    uma_guard,
-)
+from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_guard
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, check_path, read_json
 from ansible_collections.uma.vllm.plugins.module_utils._diff import DifferenceTracker
-from ansible_collections.uma.vllm.plugins.module_utils._guard_config import (
-    DEFAULT_DROP_LEVEL,
-    DEFAULT_INTERVAL,
-    DEFAULT_MAX_DURATION,
-    DEFAULT_MIN_AVAILABLE_MIB,
-    DEFAULT_MODE,
-    DEFAULT_THRESHOLD_MIB,
-    GuardConfig,
-    check_on_node,
-)
+from ansible_collections.uma.vllm.plugins.module_utils._guard_config import GuardConfig, check_on_node
 from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import (
     NodeFile,
     files_fingerprint,
@@ -51,16 +33,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd, 
 
 # The files the guard runs from on the node (uma_guard.py and every sibling it imports);
 # roles/launch_wrapper/vars/main.yml ships the same ones for the launcher (a unit test checks both).
-NODE_PROGRAM = (
-    uma_guard,
-    _common,
-    _guard_config,
-    _guard_memory,
-    _guard_residency,
-    _guard_status,
-    _guard_sweeper,
-    _guard_watch,
-)
+NODE_PROGRAM = (uma_guard, _common, *uma_guard.PARTS)
 # The guard's configuration as the module passes it (and fingerprints it).
 CONFIG_KEYS = (
     "mode",
@@ -86,23 +59,13 @@ _clock = time.monotonic
 
 
 @dataclass
-class GuardRequest:
+class GuardRequest(GuardConfig):
+    """The module's options: the guard's own (GuardConfig) and where and how it runs on the node."""
+
     state: str = "started"
-    name: str = ""
-    mode: str = DEFAULT_MODE
-    paths: List[str] = field(default_factory=list)
-    interval: Any = DEFAULT_INTERVAL
-    threshold_mib: Any = DEFAULT_THRESHOLD_MIB
-    min_available_mib: Any = DEFAULT_MIN_AVAILABLE_MIB
-    drop_level: Any = DEFAULT_DROP_LEVEL
-    max_duration: Any = DEFAULT_MAX_DURATION
-    until_url: Optional[str] = None
-    until_pid: Any = None
-    samples_file: Optional[str] = None
     python: str = "/usr/bin/python3"
     lib_dir: str = "/usr/local/lib/uma-vllm"
     run_dir: str = "/run/uma-vllm"
-    proc_root: str = "/proc"
 
 
 @dataclass
@@ -168,20 +131,7 @@ def validate(req: GuardRequest) -> Dict[str, Any]:
         return {}
     if req.samples_file is not None:
         check_path("samples_file", req.samples_file, fix="Give e.g. /var/tmp/guard-samples.jsonl.")
-    config = GuardConfig(
-        name=req.name,
-        mode=req.mode,
-        paths=req.paths,
-        interval=req.interval,
-        threshold_mib=req.threshold_mib,
-        min_available_mib=req.min_available_mib,
-        drop_level=req.drop_level,
-        max_duration=req.max_duration,
-        until_url=req.until_url,
-        until_pid=req.until_pid,
-        samples_file=req.samples_file,
-        proc_root=req.proc_root,
-    ).validated(absolute_paths=True)
+    config = req.validated(absolute_paths=True)
     check_on_node(config)
     if not os.access(req.python, os.X_OK):
         raise UmaError("python", req.python, "is not an executable on the node", "Give the node's python3.")

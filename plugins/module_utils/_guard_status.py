@@ -118,7 +118,7 @@ class Writer:
         """The last status, durable; no running update can land after it."""
         with self._io_lock:
             self._final = True
-            return _write_status(self.status_file, data)
+            return write_status(self.status_file, data)
 
     def close(self, timeout: float = 5.0) -> None:
         """Write the pending samples and stop the thread."""
@@ -136,7 +136,7 @@ class Writer:
             self.samples_handle = None
 
 
-def _write_status(path: Optional[str], data: Dict[str, Any]) -> bool:
+def write_status(path: Optional[str], data: Dict[str, Any]) -> bool:
     """The final status: atomic and durable (fsync). Running updates go through Writer."""
     if not path:
         return True

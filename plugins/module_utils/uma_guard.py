@@ -48,8 +48,8 @@ node-side files of their own, shipped with it into the node's lib_dir:
 - ``_guard_watch.py``     inotify on the files, the loader's PID, the health URL
 - ``_guard_status.py``    the status and samples files (written off the loop)
 
-The names other programs use (``evict_paths``, ``iter_files``, ``UrlWatch``,
-``Stopper`` ...) stay importable from ``uma_guard``. The files are importable
+The names other programs use (``evict_paths``, ``iter_files``, ``file_residency``,
+``proc_start_time``, ``Stopper``) stay importable from ``uma_guard``. The files are importable
 (the pure parts are unit-tested) and runnable as ``python3 uma_guard.py ...``
 on a node without Ansible (stdlib; psutil is used when present). Exit codes:
 0 normal stop, 1 error stop, 2 bad arguments.
@@ -67,164 +67,37 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import (
+        _guard_config,
+        _guard_memory,
+        _guard_residency,
+        _guard_status,
+        _guard_sweeper,
+        _guard_watch,
+    )
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, read_meminfo
-    from ansible_collections.uma.vllm.plugins.module_utils._guard_config import (
-        DEFAULT_DROP_LEVEL,
-        DEFAULT_INTERVAL,
-        DEFAULT_MAX_DURATION,
-        DEFAULT_MIN_AVAILABLE_MIB,
-        DEFAULT_MODE,
-        DEFAULT_THRESHOLD_MIB,
-        DROP_LEVELS,
-        MAX_INTERVAL,
-        MODES,
-        GuardConfig,
-        cli,
-    )
-    from ansible_collections.uma.vllm.plugins.module_utils._guard_memory import (
-        MIB,
-        MIN_TICK_S,
-        AdaptivePolicy,
-        MeminfoReader,
-        cache_view,
-        next_sleep,
-        parse_meminfo_fields,
-        sample_record,
-    )
     from ansible_collections.uma.vllm.plugins.module_utils._guard_residency import (
-        PAGE_SIZE,
-        Residency,
-        block_queue_dir,
         evict_paths,
-        fadvise_dontneed,
         file_residency,
         iter_files,
-        last_resident_end,
-        read_ahead_kb,
-        read_ahead_kb_file,
     )
-    from ansible_collections.uma.vllm.plugins.module_utils._guard_status import (
-        Writer,
-        _write_status,
-        cpu_seconds,
-        open_samples,
-        utc_now,
-    )
-    from ansible_collections.uma.vllm.plugins.module_utils._guard_sweeper import (
-        FILE_STEP_BYTES,
-        FULL_SCAN_S,
-        PROBE_BYTES,
-        FileSweeper,
-        keep_bytes,
-    )
-    from ansible_collections.uma.vllm.plugins.module_utils._guard_watch import (
-        FileEvents,
-        PidWatch,
-        UrlWatch,
-        proc_start_time,
-    )
+    from ansible_collections.uma.vllm.plugins.module_utils._guard_watch import proc_start_time
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _guard_config  # type: ignore[no-redef]
+    import _guard_memory  # type: ignore[no-redef]
+    import _guard_residency  # type: ignore[no-redef]
+    import _guard_status  # type: ignore[no-redef]
+    import _guard_sweeper  # type: ignore[no-redef]
+    import _guard_watch  # type: ignore[no-redef]
     from _common import UmaError, read_meminfo  # type: ignore[no-redef]
-    from _guard_config import (  # type: ignore[no-redef]
-        DEFAULT_DROP_LEVEL,
-        DEFAULT_INTERVAL,
-        DEFAULT_MAX_DURATION,
-        DEFAULT_MIN_AVAILABLE_MIB,
-        DEFAULT_MODE,
-        DEFAULT_THRESHOLD_MIB,
-        DROP_LEVELS,
-        MAX_INTERVAL,
-        MODES,
-        GuardConfig,
-        cli,
-    )
-    from _guard_memory import (  # type: ignore[no-redef]
-        MIB,
-        MIN_TICK_S,
-        AdaptivePolicy,
-        MeminfoReader,
-        cache_view,
-        next_sleep,
-        parse_meminfo_fields,
-        sample_record,
-    )
-    from _guard_residency import (  # type: ignore[no-redef]
-        PAGE_SIZE,
-        Residency,
-        block_queue_dir,
-        evict_paths,
-        fadvise_dontneed,
-        file_residency,
-        iter_files,
-        last_resident_end,
-        read_ahead_kb,
-        read_ahead_kb_file,
-    )
-    from _guard_status import (  # type: ignore[no-redef]
-        Writer,
-        _write_status,
-        cpu_seconds,
-        open_samples,
-        utc_now,
-    )
-    from _guard_sweeper import (  # type: ignore[no-redef]
-        FILE_STEP_BYTES,
-        FULL_SCAN_S,
-        PROBE_BYTES,
-        FileSweeper,
-        keep_bytes,
-    )
-    from _guard_watch import FileEvents, PidWatch, UrlWatch, proc_start_time  # type: ignore[no-redef]
+    from _guard_residency import evict_paths, file_residency, iter_files  # type: ignore[no-redef]
+    from _guard_watch import proc_start_time  # type: ignore[no-redef]
 
-# The names other programs and the tests import from uma_guard (re-exported from the parts).
-__all__ = [
-    "DEFAULT_DROP_LEVEL",
-    "DEFAULT_INTERVAL",
-    "DEFAULT_MAX_DURATION",
-    "DEFAULT_MIN_AVAILABLE_MIB",
-    "DEFAULT_MODE",
-    "DEFAULT_THRESHOLD_MIB",
-    "FILE_STEP_BYTES",
-    "FULL_SCAN_S",
-    "MAX_INTERVAL",
-    "MIB",
-    "MIN_TICK_S",
-    "MODES",
-    "PAGE_SIZE",
-    "PROBE_BYTES",
-    "AdaptivePolicy",
-    "FileEvents",
-    "FileSweeper",
-    "Guard",
-    "GuardConfig",
-    "MeminfoReader",
-    "PidWatch",
-    "Residency",
-    "Stopper",
-    "UrlWatch",
-    "block_queue_dir",
-    "build_parser",
-    "cache_view",
-    "evict_paths",
-    "fadvise_dontneed",
-    "file_residency",
-    "iter_files",
-    "keep_bytes",
-    "last_resident_end",
-    "main",
-    "next_sleep",
-    "open_samples",
-    "parse_config",
-    "parse_meminfo_fields",
-    "proc_start_time",
-    "read_ahead_kb",
-    "read_ahead_kb_file",
-    "read_meminfo",
-    "run",
-    "sample_record",
-    "validate",
-]
+# Names other programs import from uma_guard (the watchdog, the launcher), kept after the split.
+__all__ = ["Stopper", "evict_paths", "file_residency", "iter_files", "main", "parse_config", "proc_start_time", "run"]
 
+# The guard's own files beside this one (installed with it on the node, with _common).
+PARTS = (_guard_config, _guard_memory, _guard_residency, _guard_status, _guard_sweeper, _guard_watch)
 STATUS_EVERY_S = 1.0
 PID_EVERY_S = 0.2
 # Adaptive: how long a kept readahead tail may stay before an idle sweep evicts it.
@@ -245,13 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Hold the page cache down while a model loads (uma.vllm).",
     )
     p.add_argument("--name", required=True, help="name of this guard (status, logs)")
-    p.add_argument("--mode", choices=MODES, default=DEFAULT_MODE, help="default: %(default)s")
+    p.add_argument(
+        "--mode", choices=_guard_config.MODES, default=_guard_config.DEFAULT_MODE, help="default: %(default)s"
+    )
     p.add_argument("--paths", nargs="+", default=[], metavar="PATH", help="files or directories (recursive)")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1")
-    p.add_argument("--threshold-mib", type=int, default=DEFAULT_THRESHOLD_MIB, metavar="N")
-    p.add_argument("--min-available-mib", type=int, default=DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
-    p.add_argument("--drop-level", type=int, choices=DROP_LEVELS, default=DEFAULT_DROP_LEVEL)
-    p.add_argument("--max-duration", type=float, default=DEFAULT_MAX_DURATION, metavar="SEC")
+    p.add_argument(
+        "--interval", type=float, default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1"
+    )
+    p.add_argument("--threshold-mib", type=int, default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
+    p.add_argument("--min-available-mib", type=int, default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
+    p.add_argument(
+        "--drop-level", type=int, choices=_guard_config.DROP_LEVELS, default=_guard_config.DEFAULT_DROP_LEVEL
+    )
+    p.add_argument("--max-duration", type=float, default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
     p.add_argument("--until-url", metavar="URL")
     p.add_argument("--until-pid", type=int, metavar="PID")
     p.add_argument("--status-file", metavar="PATH")
@@ -263,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def validate(ns: argparse.Namespace) -> Dict[str, Any]:
     """The effective configuration (GuardConfig's one validator), or UmaError naming the bad option."""
-    config = GuardConfig(**vars(ns))
-    return config.validated(spell=cli).as_dict()
+    config = _guard_config.GuardConfig(**vars(ns))
+    return config.validated(spell=_guard_config.cli).as_dict()
 
 
 def parse_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -291,25 +170,25 @@ class Guard:
         self.mode = config["mode"]
         self.proc_root = config["proc_root"]
         self.drop_path = os.path.join(self.proc_root, "sys", "vm", "drop_caches")
-        self.sweeper = FileSweeper(config["paths"], config["sysfs_root"]) if config["paths"] else None
-        self.events: Optional[FileEvents] = None
+        self.sweeper = _guard_sweeper.FileSweeper(config["paths"], config["sysfs_root"]) if config["paths"] else None
+        self.events: Optional[_guard_watch.FileEvents] = None
         # files the loader used since the last sweep (None: unknown, look at all)
         self.touched: Optional[Set[Tuple[int, int]]] = None
         # the samples file wants every timeline key; a tick needs only four
-        keys = MeminfoReader.KEYS if config.get("samples_file") else MeminfoReader.TICK_KEYS
-        self.reader = MeminfoReader(self.proc_root, keys)
+        keys = _guard_memory.MeminfoReader.KEYS if config.get("samples_file") else _guard_memory.MeminfoReader.TICK_KEYS
+        self.reader = _guard_memory.MeminfoReader(self.proc_root, keys)
         self.started_mono = clock()
-        self.started_at = utc_now()
+        self.started_at = _guard_status.utc_now()
         self.stopped_at: Optional[str] = None
         self.stop_reason: Optional[str] = None
         self.ticks = 0
         self.evictions = 0
         self.evicted_bytes = 0
         self.triggers: Dict[str, int] = {}
-        self.writer: Optional[Writer] = None
+        self.writer: Optional[_guard_status.Writer] = None
         self.last_tick = self.started_mono
         meminfo = read_meminfo(self.proc_root)
-        view = cache_view(meminfo)
+        view = _guard_memory.cache_view(meminfo)
         self.baseline = view
         self.peak_cached = view["cached"]
         self.peak_unmapped = view["unmapped"]
@@ -318,7 +197,9 @@ class Guard:
         self.prev_unmapped = view["unmapped"]
         self.rate = 0.0
         self.last_sweep = self.started_mono
-        self.policy = AdaptivePolicy(config["threshold_mib"], config["min_available_mib"], view["unmapped"])
+        self.policy = _guard_memory.AdaptivePolicy(
+            config["threshold_mib"], config["min_available_mib"], view["unmapped"]
+        )
 
     # -- checks before running
     def preflight(self) -> None:
@@ -331,7 +212,7 @@ class Guard:
             )
         if self.sweeper is not None:
             self.sweeper.rescan(self.clock())
-            self.events = FileEvents()
+            self.events = _guard_watch.FileEvents()
             self.events.watch(self.sweeper.files)
 
     def close(self) -> None:
@@ -346,13 +227,13 @@ class Guard:
     # -- sampling
     def _sample(self) -> Dict[str, int]:
         meminfo = self.reader.read()
-        view = cache_view(meminfo)
+        view = _guard_memory.cache_view(meminfo)
         self.peak_cached = max(self.peak_cached, view["cached"])
         self.peak_unmapped = max(self.peak_unmapped, view["unmapped"])
         self.peak_mapped = max(self.peak_mapped, view["mapped"])
         self.min_available = min(self.min_available, view["available"])
         if self.writer is not None and self.writer.samples_handle is not None:
-            self.writer.sample(json.dumps(sample_record(time.time(), meminfo), sort_keys=True) + "\n")
+            self.writer.sample(json.dumps(_guard_memory.sample_record(time.time(), meminfo), sort_keys=True) + "\n")
         return view
 
     # -- actions
@@ -419,7 +300,9 @@ class Guard:
         self.prev_unmapped = view["unmapped"]
         if self.mode != "adaptive":
             return interval
-        return next_sleep(view["unmapped"], self.policy.reference, self.policy.threshold, self.rate, interval)
+        return _guard_memory.next_sleep(
+            view["unmapped"], self.policy.reference, self.policy.threshold, self.rate, interval
+        )
 
     # -- status
     def status(self, state: str) -> Dict[str, Any]:
@@ -442,7 +325,7 @@ class Guard:
             "min_available_mib": _mib(self.min_available),
             "baseline_unmapped_mib": _mib(base["unmapped"]),
             "peak_unmapped_growth_mib": _mib(self.peak_unmapped - base["unmapped"]),
-            "cpu_seconds": round(cpu_seconds(), 3),
+            "cpu_seconds": round(_guard_status.cpu_seconds(), 3),
             "stop_reason": self.stop_reason,
             "triggers": dict(self.triggers),
             "config": dict(self.config),
@@ -460,7 +343,7 @@ class Guard:
 
 
 def _mib(value: float) -> float:
-    return round(value / MIB, 1)
+    return round(value / _guard_memory.MIB, 1)
 
 
 class Stopper:
@@ -512,16 +395,16 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
     except OSError as err:
         _report_early_error(config, "error: cannot read memory figures: %s" % err)
         return 1
-    url_watch: Optional[UrlWatch] = None
+    url_watch: Optional[_guard_watch.UrlWatch] = None
     code = 0
     last_status = -1e9
     last_pid = -1e9
     try:
         guard.preflight()
-        guard.writer = Writer(status_file, config.get("samples_file"))
-        pid_watch = PidWatch(config["until_pid"], config["proc_root"]) if config.get("until_pid") else None
+        guard.writer = _guard_status.Writer(status_file, config.get("samples_file"))
+        pid_watch = _guard_watch.PidWatch(config["until_pid"], config["proc_root"]) if config.get("until_pid") else None
         if config.get("until_url"):
-            url_watch = UrlWatch(config["until_url"])
+            url_watch = _guard_watch.UrlWatch(config["until_url"])
             url_watch.start()
         while True:
             now = clock()
@@ -549,7 +432,7 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
                 # no growth in sight: wake at once on file activity (a loader opening
                 # the next shard, or starting to read), at most every MIN_TICK_S
                 if stop.wait(sleep, guard.events.fd):
-                    stop.wait(MIN_TICK_S - (clock() - now))
+                    stop.wait(_guard_memory.MIN_TICK_S - (clock() - now))
             else:
                 # the cache grows (or files/global mode): the tick is timed
                 stop.wait(sleep)
@@ -560,14 +443,14 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
         if url_watch is not None:
             url_watch.stop()
         guard.close()
-    guard.stopped_at = utc_now()
+    guard.stopped_at = _guard_status.utc_now()
     final = guard.status("stopped")
     if url_watch is not None:
         final["url_checks"] = url_watch.checks
         final["url_last_error"] = url_watch.last_error
     if guard.writer is not None:
         final["write_errors"] = list(guard.writer.errors)
-    written = guard.writer.final(final) if guard.writer is not None else _write_status(status_file, final)
+    written = guard.writer.final(final) if guard.writer is not None else _guard_status.write_status(status_file, final)
     if not written:
         code = code or 1
     if code:
@@ -577,8 +460,8 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
 
 def _report_early_error(config: Dict[str, Any], reason: str) -> None:
     sys.stderr.write("uma_guard %s: %s\n" % (config["name"], reason))
-    now = utc_now()
-    _write_status(
+    now = _guard_status.utc_now()
+    _guard_status.write_status(
         config.get("status_file"),
         {
             "name": config["name"],
@@ -591,7 +474,7 @@ def _report_early_error(config: Dict[str, Any], reason: str) -> None:
             "ticks": 0,
             "evictions": 0,
             "evicted_bytes": 0,
-            "cpu_seconds": round(cpu_seconds(), 3),
+            "cpu_seconds": round(_guard_status.cpu_seconds(), 3),
             "stop_reason": reason,
             "config": config,
         },

@@ -67,7 +67,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_config, _ranks, uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils import (
+        _blockdev,
+        _guard_config,
+        _guard_watch,
+        _ranks,
+        uma_guard,
+    )
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         atomic_write_json,
@@ -77,6 +83,7 @@ try:
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _guard_config  # type: ignore[no-redef]
+    import _guard_watch  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
     from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
@@ -478,7 +485,7 @@ class Launch:
             "model_path": config.get("model_path"),
         }
         # the guard's URL check: never through a proxy, any failure means "not yet"
-        self.health = uma_guard.UrlWatch(config["health_url"], every=2.0)
+        self.health = _guard_watch.UrlWatch(config["health_url"], every=2.0)
         self.engine: Optional[subprocess.Popen] = None
         self.guard: Optional[subprocess.Popen] = None
         self.readahead_record: Optional[str] = None

@@ -212,18 +212,9 @@ node_files:
             "sha256_before": "9c1e..."}]
 """
 
+from ansible_collections.uma.vllm.plugins.module_utils import _guard_config as guard
 from ansible_collections.uma.vllm.plugins.module_utils import _guard_service as svc
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._guard_config import (
-    DEFAULT_DROP_LEVEL,
-    DEFAULT_INTERVAL,
-    DEFAULT_MAX_DURATION,
-    DEFAULT_MIN_AVAILABLE_MIB,
-    DEFAULT_MODE,
-    DEFAULT_THRESHOLD_MIB,
-    DROP_LEVELS,
-    MODES,
-)
 from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 
@@ -233,13 +224,13 @@ def main() -> None:
         argument_spec=dict(
             state=dict(type="str", default="started", choices=["started", "stopped"]),
             name=dict(type="str", required=True),
-            mode=dict(type="str", default=DEFAULT_MODE, choices=list(MODES)),
+            mode=dict(type="str", default=guard.DEFAULT_MODE, choices=list(guard.MODES)),
             paths=dict(type="list", elements="str", default=[]),
-            interval=dict(type="raw", default=DEFAULT_INTERVAL),
-            threshold_mib=dict(type="raw", default=DEFAULT_THRESHOLD_MIB),
-            min_available_mib=dict(type="raw", default=DEFAULT_MIN_AVAILABLE_MIB),
-            drop_level=dict(type="int", default=DEFAULT_DROP_LEVEL, choices=list(DROP_LEVELS)),
-            max_duration=dict(type="raw", default=int(DEFAULT_MAX_DURATION)),
+            interval=dict(type="raw", default=guard.DEFAULT_INTERVAL),
+            threshold_mib=dict(type="raw", default=guard.DEFAULT_THRESHOLD_MIB),
+            min_available_mib=dict(type="raw", default=guard.DEFAULT_MIN_AVAILABLE_MIB),
+            drop_level=dict(type="int", default=guard.DEFAULT_DROP_LEVEL, choices=list(guard.DROP_LEVELS)),
+            max_duration=dict(type="raw", default=int(guard.DEFAULT_MAX_DURATION)),
             until_url=dict(type="str"),
             until_pid=dict(type="raw"),
             samples_file=dict(type="str"),

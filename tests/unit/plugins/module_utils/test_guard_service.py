@@ -18,39 +18,18 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "modules"))
-from test_drop_cache_loop import PYTHON, FakeGuardSystemd
+from test_drop_cache_loop import node  # noqa: F401 - the module tests' node tree and fake systemd
 
 
 @pytest.fixture
-def node(tmp_path, monkeypatch):
-    monkeypatch.setattr(svc, "_sleep", lambda s: None)
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "model.safetensors").write_bytes(b"\0" * 4096)
-    proc = tmp_path / "proc"
-    (proc / "sys" / "vm").mkdir(parents=True)
-    (proc / "sys" / "vm" / "drop_caches").write_text("")
-    fake = FakeGuardSystemd()
-    systemd = Systemd(fake, "/usr/bin/systemctl", "/usr/bin/systemd-run")
-
-    def request(**kw):
-        base = dict(
-            name="g",
-            mode="files",
-            paths=[str(models)],
-            python=PYTHON,
-            lib_dir=str(tmp_path / "lib"),
-            run_dir=str(tmp_path / "run"),
-            proc_root=str(proc),
-        )
-        base.update(kw)
-        return svc.GuardRequest(**base)
-
-    return fake, systemd, request, tmp_path
+def guard(node):  # noqa: F811
+    """The fake systemd's calls, a Systemd driving it, a GuardRequest factory, the node's root."""
+    systemd = Systemd(node.systemd, "/usr/bin/systemctl", "/usr/bin/systemd-run")
+    return node.systemd, systemd, lambda **kw: svc.GuardRequest(**node.args(**kw)), node.root
 
 
-def test_plan_touches_nothing_and_says_what_it_would_do(node):
-    fake, systemd, request, root = node
+def test_plan_touches_nothing_and_says_what_it_would_do(guard):
+    fake, systemd, request, root = guard
     p = svc.plan(request(), systemd)
     assert p.action == "started" and p.changed and not p.active_before
     assert [f.name for f in p.node_files] == [m.__name__.rpartition(".")[2] + ".py" for m in svc.NODE_PROGRAM]
@@ -61,8 +40,8 @@ def test_plan_touches_nothing_and_says_what_it_would_do(node):
     assert fake.actions() == [] and not (root / "lib").exists() and not (root / "run").exists()
 
 
-def test_execute_then_plan_again_is_unchanged(node):
-    _fake, systemd, request, root = node
+def test_execute_then_plan_again_is_unchanged(guard):
+    _fake, systemd, request, root = guard
     p = svc.plan(request(), systemd)
     done = svc.execute(p, systemd)
     assert done["status"]["state"] == "running" and done["pid"] == 4000
@@ -76,8 +55,8 @@ def test_execute_then_plan_again_is_unchanged(node):
     assert result["changed"] is False and result["active"] and len(result["node_files"]) == len(svc.NODE_PROGRAM)
 
 
-def test_a_new_configuration_restarts_and_the_diff_names_it(node):
-    _fake, systemd, request, _root = node
+def test_a_new_configuration_restarts_and_the_diff_names_it(guard):
+    _fake, systemd, request, _root = guard
     svc.execute(svc.plan(request(), systemd), systemd)
     p = svc.plan(request(threshold_mib=64), systemd)
     assert p.action == "restarted"
@@ -85,8 +64,8 @@ def test_a_new_configuration_restarts_and_the_diff_names_it(node):
     assert diff["before"]["config"]["threshold_mib"] == 16 and diff["after"]["config"]["threshold_mib"] == 64
 
 
-def test_stop_plans_stopped_then_none(node):
-    _fake, systemd, request, _root = node
+def test_stop_plans_stopped_then_none(guard):
+    _fake, systemd, request, _root = guard
     svc.execute(svc.plan(request(), systemd), systemd)
     p = svc.plan(request(state="stopped"), systemd)
     assert p.action == "stopped" and p.diff()["after"] == {"active": False, "config": None}
@@ -111,8 +90,8 @@ def test_hardening_grants_cap_sys_admin_only_to_a_guard_that_drops_globally(conf
     assert "PrivateNetwork=yes" in props  # no until_url: no network
 
 
-def test_guard_command_parses_back_to_the_same_configuration(node):
-    _fake, _systemd, request, _root = node
+def test_guard_command_parses_back_to_the_same_configuration(guard):
+    _fake, _systemd, request, _root = guard
     req = request(interval="0.5", threshold_mib="32", until_url="http://127.0.0.1:8000/health")
     config = svc.validate(req)
     argv = svc.guard_command(req, config, "/run/uma-vllm/guard-g.json")
@@ -122,8 +101,8 @@ def test_guard_command_parses_back_to_the_same_configuration(node):
             assert parsed[key] == config[key], key
 
 
-def test_validate_names_the_modules_option(node):
-    _fake, _systemd, request, _root = node
+def test_validate_names_the_modules_option(guard):
+    _fake, _systemd, request, _root = guard
     with pytest.raises(UmaError) as err:
         svc.validate(request(interval=0.001))
     assert err.value.option == "interval" and "is below 0.01 s" in err.value.message
