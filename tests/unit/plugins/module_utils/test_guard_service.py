@@ -18,7 +18,8 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "modules"))
-from test_drop_cache_loop import node  # noqa: F401 - the module tests' node tree and fake systemd
+# the module tests' node fixture (the node tree and the fake systemd), used by guard() below
+from test_drop_cache_loop import node  # noqa: F401  # pylint: disable=unused-import
 
 
 @pytest.fixture
