@@ -298,7 +298,7 @@ def test_bad_arguments_exit_2(tmp_path):
     proc, _unused = _guard(tmp_path, "--mode", "files")
     code, err = _finish(proc)
     assert code == 2
-    assert "needs --paths" in err
+    assert "option '--paths' = []: is empty but mode=files evicts only these" in err
 
 
 def _knobs():
