@@ -51,6 +51,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUARD = os.path.join(ROOT, "plugins", "module_utils", "uma_guard.py")
 sys.path.insert(0, os.path.dirname(GUARD))
 
+import _guard_config
+import _guard_memory
+import _guard_residency
 import uma_guard
 from _lab import drop_caches, meminfo, pretouch
 
@@ -121,7 +124,7 @@ def write_knob(path: str, value: str) -> None:
 
 def disk_stat_file(path: str) -> Optional[str]:
     """The ``stat`` file of the disk under ``path`` (its queue's parent directory)."""
-    queue = uma_guard.block_queue_dir(os.stat(path).st_dev)
+    queue = _guard_residency.block_queue_dir(os.stat(path).st_dev)
     stat_file = os.path.join(os.path.dirname(queue), "stat") if queue else None
     return stat_file if stat_file and os.path.exists(stat_file) else None
 
@@ -242,7 +245,7 @@ def _sampler(conn: Any, every: float, bystander: str, paths: List[str]) -> None:
     samples = []
     # the checkpoint's own pages in the page cache (cachestat per shard): unlike
     # Cached, other jobs' I/O on a shared machine does not count here
-    residency = uma_guard.Residency()
+    residency = _guard_residency.Residency()
     files = [(os.open(p, os.O_RDONLY), os.path.getsize(p)) for p in paths]
     state = {"min_resident": 1.0, "checks": 0}
     stop = threading.Event()
@@ -250,7 +253,7 @@ def _sampler(conn: Any, every: float, bystander: str, paths: List[str]) -> None:
     def keeper() -> None:
         # DAMON here pages out file pages idle for >= 60 s: keep the bystander
         # warm while it is fully resident, and record any eviction first.
-        residency = uma_guard.Residency()
+        residency = _guard_residency.Residency()
         while not stop.wait(BYSTANDER_KEEP_EVERY_S):
             resident, size = uma_guard.file_residency(bystander, residency)
             state["checks"] += 1
@@ -260,7 +263,7 @@ def _sampler(conn: Any, every: float, bystander: str, paths: List[str]) -> None:
 
     thread = threading.Thread(target=keeper, daemon=True)
     thread.start()
-    reader = uma_guard.MeminfoReader("/proc")
+    reader = _guard_memory.MeminfoReader("/proc")
     while not conn.poll(every):
         info = reader.read()
         resident = sum(residency.resident_bytes(fd, size) or 0 for fd, size in files)
@@ -380,7 +383,7 @@ def one_run(
     avail = meminfo().get("MemAvailable", 0)
     pretouch_s = pretouch(max(GIB, min(total + GIB, avail - 2 * GIB)))
     read_through(bystander)
-    residency = uma_guard.Residency()
+    residency = _guard_residency.Residency()
     by_before, by_size = uma_guard.file_residency(bystander, residency)
     guard = (
         GuardProcess(strategy, args, ckpt, opts.workdir, opts.guard_args, opts.guard_nice) if args is not None else None
@@ -684,10 +687,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def evaluate(runs: List[Dict[str, Any]], strategies: List[str], largest_mib: float) -> Dict[str, Any]:
     summary = summarize(runs, strategies, largest_mib)
     return {
-        "default_mode": uma_guard.DEFAULT_MODE,
+        "default_mode": _guard_config.DEFAULT_MODE,
         "recommended_mode": recommend_mode(summary),
         "readahead": readahead_verdict(summary),
-        "targets": check_targets(summary, uma_guard.DEFAULT_MODE),
+        "targets": check_targets(summary, _guard_config.DEFAULT_MODE),
         "strategies": summary,
     }
 
@@ -732,7 +735,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     paths = write_checkpoint(ckpt, opts.size_gib, opts.shards)
     bystander = os.path.join(opts.dir, "bystander.bin")
     write_bystander(bystander, opts.bystander_mib)
-    knob = uma_guard.read_ahead_kb_file(ckpt)
+    knob = _guard_residency.read_ahead_kb_file(ckpt)
     if knob is None:
         log("no read_ahead_kb found for the disk under %s" % ckpt)
         return 2
@@ -747,7 +750,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "read_ahead_kb_file": knob,
         "read_ahead_kb": knob_orig,
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-        "residency_method": uma_guard.Residency().method,
+        "residency_method": _guard_residency.Residency().method,
     }
     log("machine: %s" % json.dumps(machine))
     runs: List[Dict[str, Any]] = []

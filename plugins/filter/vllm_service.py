@@ -578,11 +578,6 @@ def drop_in(engine: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def is_api_rank(engine: Dict[str, Any]) -> bool:
-    cluster = engine.get("cluster")
-    return not cluster or cluster["rank"] == 0
-
-
 def changed(
     engines: List[Dict[str, Any]],
     written: List[str],
@@ -636,7 +631,6 @@ class FilterModule:
             "vllm_service_host_engines": host_engines,
             "vllm_service_check": check,
             "vllm_service_secrets": secrets,
-            "vllm_service_launch_config": launch_config,
             "vllm_service_launch_configs": launch_configs,
             "vllm_service_head_addrs": head_addrs,
             "vllm_service_peers_changed": peers_changed,
@@ -645,8 +639,6 @@ class FilterModule:
             "vllm_service_unit_states": unit_states,
             "vllm_service_status_entry": status_entry,
             "vllm_service_drop_in": drop_in,
-            "vllm_service_is_api_rank": is_api_rank,
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
-            "vllm_service_ray_args": ray_args,
         }

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Optional
 
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 
@@ -263,11 +263,3 @@ def path_error(err: OSError, options: Dict[str, Any], fix: str = "") -> UmaError
         "%s cannot be used (%s)" % (filename or "a path under it", reason),
         fix or "Point %s at a directory/file of the expected kind that root can read and write." % best,
     )
-
-
-def unified_diff_dict(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, Any]:
-    """Only the keys whose values differ, as ``{"before": {...}, "after": {...}}``."""
-    keys: Iterable[str] = sorted(set(before) | set(after))
-    b = {k: before.get(k) for k in keys if before.get(k) != after.get(k)}
-    a = {k: after.get(k) for k in keys if before.get(k) != after.get(k)}
-    return {"before": b, "after": a}

@@ -23,6 +23,11 @@ import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils._guard_config import DEFAULT_MODE
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    from _guard_config import DEFAULT_MODE  # type: ignore[no-redef]
+
 GIB = 1024**3
 MIB = 1024**2
 
@@ -49,9 +54,9 @@ TITLES = {
     "none": "No out-of-memory cause found",
 }
 
-# The guard mode that holds the page cache down during the load (uma_guard.py's default, chosen by
-# benchmarks/page_cache.py).
-GUARD_MODE = "adaptive"
+# The guard mode that holds the page cache down during the load: the guard's own default
+# (_guard_config.DEFAULT_MODE, chosen by benchmarks/page_cache.py), not a copy of it.
+GUARD_MODE = DEFAULT_MODE
 
 DEFAULTS = {
     # (Cached - Mapped) / MemTotal at the failure moment above which page cache counts as the cause.
@@ -921,8 +926,9 @@ def _starvation_fix(f: Dict[str, Any]) -> List[str]:
         "Hold the page cache down during the load with the guard (uma.vllm.launch_wrapper): %smode '%s'"
         " (the default) or 'files' with the checkpoint directory as --paths, threshold on Cached minus Mapped."
         % (ran, GUARD_MODE),
-        "Start with a clean page cache: sync; echo 1 > /proc/sys/vm/drop_caches right before the engine starts"
-        " (the launcher's pre-load step).",
+        "Evict the checkpoint from the page cache right before the engine starts: the launcher's pre_evict"
+        " 'files' (the default; posix_fadvise over model_path, no root, no collateral) needs model_path set;"
+        " pre_evict 'drop' (sync, then /proc/sys/vm/drop_caches) also empties every other workload's cache.",
         "Keep vm.min_free_kbytes at the uma.vllm.uma_sysctl size so the kernel reclaims before the driver's"
         " allocation fails (now: %s)." % (f["sysctl"].get("vm.min_free_kbytes", "unknown")),
         "Do not lower gpu_memory_utilization for this: the budget fits, the memory was held by page cache.",

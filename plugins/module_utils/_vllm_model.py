@@ -35,29 +35,6 @@ DTYPE_BYTES = {
     "bf16": 2,
 }
 
-# safetensors dtype codes -> bytes per element
-SAFETENSORS_BYTES = {
-    "F64": 8,
-    "I64": 8,
-    "U64": 8,
-    "F32": 4,
-    "I32": 4,
-    "U32": 4,
-    "F16": 2,
-    "BF16": 2,
-    "I16": 2,
-    "U16": 2,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
-    "F8_E8M0": 1,
-    "I8": 1,
-    "U8": 1,
-    "BOOL": 1,
-    "F4": 1,
-    "F6_E2M3": 1,
-    "F6_E3M2": 1,
-}
-
 # Model types whose attention is MLA when kv_lora_rank is set
 # (ModelConfig.is_deepseek_mla / use_mla in vllm/config/model.py).
 MLA_MODEL_TYPES = (

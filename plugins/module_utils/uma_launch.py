@@ -69,7 +69,13 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _ranks, uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils import (
+        _blockdev,
+        _guard_config,
+        _guard_watch,
+        _ranks,
+        uma_guard,
+    )
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         atomic_write_json,
@@ -78,6 +84,8 @@ try:
     )
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
+    import _guard_config  # type: ignore[no-redef]
+    import _guard_watch  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
     from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
@@ -107,9 +115,10 @@ DEFAULTS: Dict[str, Any] = {
     "pre_evict": "files",  # files | drop | none
     "evict_after_healthy": True,
     "guard": True,
-    "guard_mode": uma_guard.DEFAULT_MODE,
-    "guard_interval": uma_guard.DEFAULT_INTERVAL,
-    "guard_threshold_mib": uma_guard.DEFAULT_THRESHOLD_MIB,
+    "guard_mode": _guard_config.DEFAULT_MODE,
+    "guard_interval": _guard_config.DEFAULT_INTERVAL,
+    "guard_threshold_mib": _guard_config.DEFAULT_THRESHOLD_MIB,
+    # longer than the guard's own 900 s: the launcher stops it at health, which may take health_timeout_s
     "guard_max_duration": 1800.0,
     "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
     "state_dir": "/var/lib/uma-vllm",
@@ -166,18 +175,14 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
         raise UmaError("health_url", url, "is not an http(s) URL", "Use e.g. http://127.0.0.1:8000/health.")
     if config["pre_evict"] not in ("files", "drop", "none"):
         raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
-    if config["guard_mode"] not in uma_guard.MODES:
-        raise UmaError(
-            "guard_mode", config["guard_mode"], "is not a guard mode", "Use one of %s." % ", ".join(uma_guard.MODES)
-        )
     model = config.get("model_path")
     if model is not None and not os.path.exists(model):
         raise UmaError("model_path", model, "does not exist on this node", "Give the local model directory.")
-    if model is None and (config["pre_evict"] == "files" or config["guard_mode"] == "files"):
-        # nothing to evict by file: fall back to what works without a path
-        config["pre_evict"] = "none" if config["pre_evict"] == "files" else config["pre_evict"]
-        config["guard_mode"] = "adaptive" if config["guard_mode"] == "files" else config["guard_mode"]
-    for key in ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s", "guard_max_duration"):
+    if model is None and config["pre_evict"] == "files":
+        # nothing to evict by file before the load (the default pre_evict): no pre-load eviction
+        config["pre_evict"] = "none"
+    guard_config(config)
+    for key in ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s"):
         value = config.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise UmaError(key, value, "must be a positive number of seconds", "Give e.g. 600.")
@@ -264,6 +269,35 @@ def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return {"user": user, "uid": entry.pw_uid, "gid": gid, "groups": gids, "home": home, "umask": umask}
 
 
+def guard_config(config: Dict[str, Any]) -> Any:
+    """The guard this launch starts, validated by the guard's own validator (options named guard_*).
+
+    guard_mode files without model_path is refused, not turned into adaptive: without paths
+    the adaptive guard drops every workload's cache globally, which is not what files promised.
+    """
+    model = config.get("model_path")
+    mode = config.get("guard_mode")
+    if mode == "files" and model is None:
+        raise UmaError(
+            "guard_mode",
+            mode,
+            "evicts the model's files but model_path is not set",
+            "Give model_path, or guard_mode adaptive (it then drops the page cache globally, as root).",
+        )
+    guard = _guard_config.GuardConfig(
+        name="launch-%s" % config.get("engine"),
+        mode=mode,
+        paths=[model] if model is not None and mode != "global" else [],
+        interval=config.get("guard_interval"),
+        threshold_mib=config.get("guard_threshold_mib"),
+        max_duration=config.get("guard_max_duration"),
+    ).validated(spell=_guard_config.prefixed("guard_"))
+    config["guard_interval"] = guard.interval
+    config["guard_threshold_mib"] = guard.threshold_mib
+    config["guard_max_duration"] = guard.max_duration
+    return guard
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Start a vLLM engine without page-cache pressure (uma.vllm).")
     p.add_argument("--engine", help="engine name (logs, records, the lock's holder)")
@@ -271,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--node-config", default=NODE_CONFIG, help="node-wide defaults, default %(default)s")
     p.add_argument("--health-url")
     p.add_argument("--model-path")
-    p.add_argument("--guard-mode", choices=uma_guard.MODES)
+    p.add_argument("--guard-mode", choices=_guard_config.MODES)
     p.add_argument("--readahead-kb", type=int)
     p.add_argument("--lock-path")
     p.add_argument("--lock-timeout", type=float, dest="lock_timeout_s")
@@ -525,7 +559,7 @@ class Launch:
             "model_path": config.get("model_path"),
         }
         # the guard's URL check: never through a proxy, any failure means "not yet"
-        self.health = uma_guard.UrlWatch(config["health_url"], every=2.0)
+        self.health = _guard_watch.UrlWatch(config["health_url"], every=2.0)
         self.engine: Optional[subprocess.Popen] = None
         self.guard: Optional[subprocess.Popen] = None
         self.readahead_record: Optional[str] = None
@@ -536,6 +570,7 @@ class Launch:
         self.link: Optional[_ranks.RankLink] = _ranks.RankLink(config, self.log.line) if config.get("cluster") else None
         # why this rank stops when it is not its own engine's exit: (reason, exit code)
         self.failure: Optional[Tuple[str, int]] = None
+        self.health_timed_out = False  # wait_healthy gave up at health_timeout_s (exit 124)
 
     # ---- helpers
     def files(self) -> List[str]:
@@ -814,6 +849,7 @@ class Launch:
                 self.log.step("engine-healthy", duration=time.monotonic() - started, url=self.config["health_url"])
                 return True, "healthy"
             if time.monotonic() >= deadline:
+                self.health_timed_out = True
                 return False, "no 200 from %s within %ss" % (self.config["health_url"], self.config["health_timeout_s"])
             time.sleep(self.config["health_interval_s"])
 
@@ -977,7 +1013,7 @@ class Launch:
                 code = exit_code(self.engine.returncode if self.engine else None)
                 if self.stop_signal is not None and (self.engine is None or self.engine.returncode is None):
                     code = 128 + self.stop_signal
-                if "within" in why:
+                if self.health_timed_out:
                     code = EXIT_HEALTH_TIMEOUT
                 if self.failure is not None:
                     code = self.failure[1]

@@ -198,7 +198,6 @@ node_files:
 """
 
 import copy
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -215,6 +214,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import (
     read_text,
     require_int,
 )
+from ansible_collections.uma.vllm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import (
     NodeFile,
     install_node_files,
@@ -325,58 +325,26 @@ class WindowPlan:
         def timer(active: bool, ends_at: Any) -> str:
             return "%s: %s\n" % (self.timer, ("waiting, ends at %s" % ends_at) if active else "inactive")
 
-        def as_json(data: Optional[Dict[str, Any]]) -> str:
-            return "" if data is None else json.dumps(data, indent=2, sort_keys=True) + "\n"
+        def programs(key: str) -> str:
+            return "".join(_program_line(f.path, f.summary()[key]) for f in self.node_files)
 
         timer_after = (self.timer_active and not self.stop_timer) or self.arm_timer
-        out = [
-            {
-                "before_header": "live values",
-                "after_header": "live values",
-                "before": live(self.live_before),
-                "after": live(dict(self.live_before, **self.live_after)),
-            },
-            {
-                "before_header": "timer",
-                "after_header": "timer",
-                "before": timer(self.timer_active, (self.record_before or {}).get("ends_at")),
-                "after": timer(timer_after, (self.record_after or {}).get("ends_at")),
-            },
-            {
-                "before_header": self.record_path,
-                "after_header": self.record_path,
-                "before": as_json(self.record_before),
-                "after": as_json(self.record_after),
-            },
-        ]
+        tracker = DifferenceTracker()
+        tracker.add("live values", live(self.live_before), live(dict(self.live_before, **self.live_after)))
+        tracker.add(
+            "timer",
+            timer(self.timer_active, (self.record_before or {}).get("ends_at")),
+            timer(timer_after, (self.record_after or {}).get("ends_at")),
+        )
+        tracker.add(self.record_path, self.record_before, self.record_after)
         if self.boot_path is not None:
-            out.append(
-                {
-                    "before_header": self.boot_path,
-                    "after_header": self.boot_path,
-                    "before": (self.boot_before or "") + ("" if self.boot_enabled else "# (not enabled)\n"),
-                    "after": self.boot_after or "",
-                }
-            )
+            boot_before = (self.boot_before or "") + ("" if self.boot_enabled else "# (not enabled)\n")
+            tracker.add(self.boot_path, boot_before, self.boot_after or "")
         if self.udev_path is not None and self.udev_after is not None:
-            out.append(
-                {
-                    "before_header": self.udev_path,
-                    "after_header": self.udev_path,
-                    "before": self.udev_before or "",
-                    "after": self.udev_after,
-                }
-            )
+            tracker.add(self.udev_path, self.udev_before or "", self.udev_after)
         if self.node_files:
-            out.append(
-                {
-                    "before_header": "node programs",
-                    "after_header": "node programs",
-                    "before": "".join(_program_line(f.path, f.summary()["sha256_before"]) for f in self.node_files),
-                    "after": "".join(_program_line(f.path, f.summary()["sha256"]) for f in self.node_files),
-                }
-            )
-        return out
+            tracker.add("node programs", programs("sha256_before"), programs("sha256"))
+        return tracker.text_diffs()
 
 
 def _program_line(path: str, digest: Optional[str]) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.uma.vllm.plugins.module_utils import _guard_residency
 from ansible_collections.uma.vllm.plugins.module_utils import uma_guard as g
 
 GUARD = os.path.abspath(g.__file__)
@@ -139,18 +140,20 @@ def test_residency_helper_matches_what_was_read(ckpt):
     path = paths[0]
     fd = os.open(path, os.O_RDONLY)
     try:
-        g.fadvise_dontneed(fd)
+        _guard_residency.fadvise_dontneed(fd)
         assert _resident(path) < 0.01
         with open(path, "rb") as handle:
             handle.read(4 * MIB)
         time.sleep(0.3)  # let async readahead finish: mincore counts only up-to-date pages, cachestat all
         # 4 MiB read plus whatever readahead the device adds
         assert _resident(path) >= 0.25
-        mincore = g.Residency(prefer="mincore")
+        mincore = _guard_residency.Residency(prefer="mincore")
         assert mincore.method == "mincore"
         size = os.path.getsize(path)
-        assert abs(mincore.resident_bytes(fd, size) - g.Residency().resident_bytes(fd, size)) <= 64 * 4096
-        end = g.Residency().resident_end(fd, size)
+        assert (
+            abs(mincore.resident_bytes(fd, size) - _guard_residency.Residency().resident_bytes(fd, size)) <= 64 * 4096
+        )
+        end = _guard_residency.Residency().resident_end(fd, size)
         assert 4 * MIB <= end <= size
         assert abs(mincore.resident_end(fd, size) - end) <= 64 * 4096
     finally:
@@ -189,7 +192,7 @@ def test_adaptive_mode_evicts_what_a_reader_loads_and_stops_on_sigterm(ckpt, tmp
     directory, paths = ckpt
     for path in paths:  # start cold
         fd = os.open(path, os.O_RDONLY)
-        g.fadvise_dontneed(fd)
+        _guard_residency.fadvise_dontneed(fd)
         os.close(fd)
     proc, status_file = _guard(
         tmp_path, "--mode", "adaptive", "--paths", directory, "--threshold-mib", "8", "--max-duration", "60"
@@ -295,7 +298,7 @@ def test_bad_arguments_exit_2(tmp_path):
     proc, _unused = _guard(tmp_path, "--mode", "files")
     code, err = _finish(proc)
     assert code == 2
-    assert "needs --paths" in err
+    assert "option '--paths' = []: is empty but mode=files evicts only these" in err
 
 
 def _knobs():

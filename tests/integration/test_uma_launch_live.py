@@ -190,6 +190,8 @@ def test_dead_holder_never_leaks_the_lock(env):
         (["--engine", "e", "--health-url", "http://x/health"], "command"),
         (["--engine", "e", "--health-url", "http://x/h", "--model-path", "/no/such", "--", "true"], "model_path"),
         (["--engine", "e", "--health-url", "http://x/h", "--readahead-kb", "-1", "--", "true"], "readahead_kb"),
+        # files without model_path is refused (it was silently turned into a global adaptive guard)
+        (["--engine", "e", "--health-url", "http://x/h", "--guard-mode", "files", "--", "true"], "guard_mode"),
     ],
 )
 def test_bad_configuration_exits_with_the_fix(args, option):
@@ -203,3 +205,32 @@ def test_bad_configuration_exits_with_the_fix(args, option):
     assert proc.returncode == uma_launch.EXIT_CONFIG
     assert proc.stderr.startswith("vllm-uma-launch: option '%s' = " % option), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "node, option, problem",
+    [
+        ({"guard_interval": 0.001}, "guard_interval", "is below 0.01 s"),
+        ({"guard_max_duration": 100000}, "guard_max_duration", "must be > 0 and <= 86400"),
+        ({"guard_threshold_mib": 0}, "guard_threshold_mib", "is below the minimum 1"),
+    ],
+)
+def test_guard_options_use_the_guards_own_limits(tmp_path, node, option, problem):
+    """The launcher's guard_* options go through the guard's validator (GuardConfig), not a copy."""
+    node_config = tmp_path / "launch.json"
+    node_config.write_text(json.dumps(node))
+    args = ["--engine", "e", "--health-url", "http://x/h", "--node-config", str(node_config), "--", "true"]
+    proc = subprocess.run([sys.executable, LAUNCHER, *args], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == uma_launch.EXIT_CONFIG
+    assert proc.stderr.startswith("vllm-uma-launch: option '%s' = " % option), proc.stderr
+    assert problem in proc.stderr
+
+
+def test_health_timeout_exits_124(env):
+    """No 200 within health_timeout_s: exit 124 (like timeout(1)), decided by the timeout, not by a message."""
+    proc = launch(env, engine_args=("--load-s", "30"), extra=("--health-timeout", "2"))
+    out, _unused = proc.communicate(timeout=60)
+    assert proc.returncode == uma_launch.EXIT_HEALTH_TIMEOUT, out
+    assert "within 2.0s" in out
+    assert record(env)["exit_code"] == uma_launch.EXIT_HEALTH_TIMEOUT
+    assert lock_is_free(env)

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_service
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
     node_facts,
@@ -337,7 +337,7 @@ class Guard(Target):
         return self._fake
 
     def extra_patches(self):
-        return [(drop_cache_loop, "_sleep", lambda s: None)]
+        return [(_guard_service, "_sleep", lambda s: None)]
 
     def special(self, data, root, args):
         option = data.draw(st.sampled_from(["samples_file", "until_url", "paths", "name"]), label="guard option")

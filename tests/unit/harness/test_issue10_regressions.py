@@ -352,7 +352,7 @@ def test_node_facts_missing_absolute_tool_is_not_a_failure(tmp_path, option):
 
 
 def test_guard_samples_file_never_follows_a_symlink(tmp_path):
-    from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils import _guard_status
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -360,22 +360,22 @@ def test_guard_samples_file_never_follows_a_symlink(tmp_path):
     own.mkdir(mode=0o755)
     os.symlink(str(victim), str(own / "samples.jsonl"))
     with pytest.raises(OSError):
-        uma_guard.open_samples(str(own / "samples.jsonl"))
+        _guard_status.open_samples(str(own / "samples.jsonl"))
     assert victim.read_text() == "precious\n"
 
 
 def test_guard_samples_file_refused_in_a_shared_directory(tmp_path):
-    from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils import _guard_status
 
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
     with pytest.raises(PermissionError) as err:
-        uma_guard.open_samples(str(shared / "samples.jsonl"))
+        _guard_status.open_samples(str(shared / "samples.jsonl"))
     assert "writable by nobody else" in str(err.value)
     own = tmp_path / "own"
     own.mkdir(mode=0o755)
-    handle = uma_guard.open_samples(str(own / "samples.jsonl"))
+    handle = _guard_status.open_samples(str(own / "samples.jsonl"))
     handle.write("{}\n")
     handle.close()
     assert (own / "samples.jsonl").read_text() == "{}\n"

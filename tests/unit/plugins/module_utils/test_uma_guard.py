@@ -9,6 +9,13 @@ import threading
 
 import pytest
 
+from ansible_collections.uma.vllm.plugins.module_utils import (
+    _guard_config,
+    _guard_memory,
+    _guard_residency,
+    _guard_sweeper,
+    _guard_watch,
+)
 from ansible_collections.uma.vllm.plugins.module_utils import uma_guard as g
 
 MIB = 1 << 20
@@ -28,17 +35,17 @@ def test_defaults():
     assert cfg["interval"] == 0.1
     assert cfg["drop_level"] == 1
     assert cfg["max_duration"] == 900
-    assert cfg["threshold_mib"] == g.DEFAULT_THRESHOLD_MIB
+    assert cfg["threshold_mib"] == _guard_config.DEFAULT_THRESHOLD_MIB
     assert cfg["proc_root"] == "/proc"
-    assert g.parse_config(["--name", "x", "--paths", "."])["mode"] == g.DEFAULT_MODE
-    assert g.DEFAULT_MODE in g.MODES
+    assert g.parse_config(["--name", "x", "--paths", "."])["mode"] == _guard_config.DEFAULT_MODE
+    assert _guard_config.DEFAULT_MODE in _guard_config.MODES
 
 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--mode", "files"], "needs --paths"),
-        (["--mode", "global", "--paths", "."], "has no effect in global mode"),
+        (["--mode", "files"], "'--paths' = []: is empty but mode=files"),
+        (["--mode", "global", "--paths", "."], "has no effect with mode=global"),
         (["--interval", "0"], "must be > 0 and <= 60"),
         (["--interval", "-1"], "must be > 0 and <= 60"),
         (["--interval", "61"], "must be > 0 and <= 60"),
@@ -88,7 +95,9 @@ MEMINFO = (
 
 
 def test_parse_meminfo_fields_picks_exact_keys():
-    found = g.parse_meminfo_fields(b"\n" + MEMINFO.encode(), g.MeminfoReader(keys=g.MeminfoReader.KEYS).patterns)
+    found = _guard_memory.parse_meminfo_fields(
+        b"\n" + MEMINFO.encode(), _guard_memory.MeminfoReader(keys=_guard_memory.MeminfoReader.KEYS).patterns
+    )
     assert found == {
         "MemFree": 20000000 * 1024,
         "MemAvailable": 22000000 * 1024,
@@ -109,13 +118,13 @@ def test_parse_meminfo_fields_picks_exact_keys():
     ],
 )
 def test_parse_meminfo_fields_edge_cases(text, expected):
-    assert g.parse_meminfo_fields(text.encode(), [("HugePages_Total", b"\nHugePages_Total:")]) == expected
+    assert _guard_memory.parse_meminfo_fields(text.encode(), [("HugePages_Total", b"\nHugePages_Total:")]) == expected
 
 
 def test_meminfo_reader_reads_a_replaced_file_and_falls_back(tmp_path):
     (tmp_path / "meminfo").write_text(MEMINFO)
-    reader = g.MeminfoReader(str(tmp_path))
-    assert set(reader.read()) == set(g.MeminfoReader.TICK_KEYS)
+    reader = _guard_memory.MeminfoReader(str(tmp_path))
+    assert set(reader.read()) == set(_guard_memory.MeminfoReader.TICK_KEYS)
     assert reader.read()["Cached"] == 3000000 * 1024
     (tmp_path / "meminfo").write_text(MEMINFO.replace("3000000", "4000000"))
     assert reader.read()["Cached"] == 4000000 * 1024
@@ -127,7 +136,7 @@ def test_meminfo_reader_reads_a_replaced_file_and_falls_back(tmp_path):
 
 
 def test_meminfo_reader_on_the_real_proc():
-    reader = g.MeminfoReader("/proc")
+    reader = _guard_memory.MeminfoReader("/proc")
     first = reader.read()
     second = reader.read()
     reader.close()
@@ -145,11 +154,11 @@ def test_meminfo_reader_on_the_real_proc():
     ],
 )
 def test_cache_view(meminfo, expected):
-    assert g.cache_view(meminfo) == expected
+    assert _guard_memory.cache_view(meminfo) == expected
 
 
 def test_sample_record_has_the_timeline_keys():
-    record = g.sample_record(12.34567, {"Cached": 5, "Mapped": 2, "MemAvailable": 9, "Foo": 1})
+    record = _guard_memory.sample_record(12.34567, {"Cached": 5, "Mapped": 2, "MemAvailable": 9, "Foo": 1})
     assert record == {"t": 12.346, "MemAvailable": 9, "Cached": 5, "Mapped": 2, "AnonPages": 0, "Dirty": 0}
 
 
@@ -172,12 +181,12 @@ def test_sample_record_has_the_timeline_keys():
     ],
 )
 def test_next_sleep(unmapped, reference, rate, expected):
-    assert g.next_sleep(unmapped, reference, 32 * MIB, rate, 0.1) == pytest.approx(expected)
+    assert _guard_memory.next_sleep(unmapped, reference, 32 * MIB, rate, 0.1) == pytest.approx(expected)
 
 
 def test_next_sleep_never_exceeds_a_short_interval():
-    assert g.next_sleep(0, 0, 32 * MIB, 0.0, 0.005) == 0.005
-    assert g.next_sleep(40 * MIB, 0, 32 * MIB, 1e6, 0.005) == 0.005
+    assert _guard_memory.next_sleep(0, 0, 32 * MIB, 0.0, 0.005) == 0.005
+    assert _guard_memory.next_sleep(40 * MIB, 0, 32 * MIB, 1e6, 0.005) == 0.005
 
 
 @pytest.mark.parametrize(
@@ -185,7 +194,7 @@ def test_next_sleep_never_exceeds_a_short_interval():
     [(None, 17), (8192, 17), (128, 4), (0, 4), (4096, 9), (-1, 17), (65536, 129)],
 )
 def test_keep_bytes(ra_kb, expected_mib):
-    assert g.keep_bytes(ra_kb) == expected_mib * MIB
+    assert _guard_sweeper.keep_bytes(ra_kb) == expected_mib * MIB
 
 
 def _view(unmapped, available=10**12):
@@ -203,13 +212,13 @@ def _view(unmapped, available=10**12):
     ],
 )
 def test_adaptive_policy_growth(levels, expected):
-    policy = g.AdaptivePolicy(32, 0, levels[0] * MIB)
+    policy = _guard_memory.AdaptivePolicy(32, 0, levels[0] * MIB)
     got = [policy.observe(float(i), _view(level * MIB)) for i, level in enumerate(levels)]
     assert got == expected
 
 
 def test_adaptive_policy_does_not_refire_on_cache_it_cannot_free():
-    policy = g.AdaptivePolicy(32, 0, 0)
+    policy = _guard_memory.AdaptivePolicy(32, 0, 0)
     assert policy.observe(0.0, _view(100 * MIB)) == "growth"
     # the sweep freed nothing (another workload's cache): the new level is the reference
     policy.acted(0.0, "growth", _view(100 * MIB), _view(100 * MIB))
@@ -218,7 +227,7 @@ def test_adaptive_policy_does_not_refire_on_cache_it_cannot_free():
 
 
 def test_adaptive_policy_available_trigger_backs_off_when_useless():
-    policy = g.AdaptivePolicy(32, 1000, 0)
+    policy = _guard_memory.AdaptivePolicy(32, 1000, 0)
     low = _view(0, available=500 * MIB)
     assert policy.observe(0.0, low) == "available"
     policy.acted(0.0, "available", low, low)  # freed nothing
@@ -230,17 +239,17 @@ def test_adaptive_policy_available_trigger_backs_off_when_useless():
     # a useful action resets the back-off
     policy.acted(3.0, "available", low, _view(0, available=600 * MIB))
     assert policy.observe(3.01, low) == "available"
-    assert g.AdaptivePolicy(32, 0, 0).observe(0.0, low) is None  # 0 = trigger off
+    assert _guard_memory.AdaptivePolicy(32, 0, 0).observe(0.0, low) is None  # 0 = trigger off
 
 
 def test_adaptive_policy_backoff_is_capped():
-    policy = g.AdaptivePolicy(32, 1000, 0)
+    policy = _guard_memory.AdaptivePolicy(32, 1000, 0)
     low = _view(0, available=1)
     now = 0.0
     for _unused in range(12):
         policy.acted(now, "available", low, low)
         now = policy.not_before
-    assert policy.backoff == g.AdaptivePolicy.BACKOFF_MAX_S
+    assert policy.backoff == _guard_memory.AdaptivePolicy.BACKOFF_MAX_S
 
 
 # --------------------------------------------------------------------------
@@ -284,14 +293,14 @@ def _fake_sysfs(tmp_path, partition):
 def test_block_queue_dir_resolves_partitions_to_the_disk(tmp_path, minor):
     sysfs, disk = _fake_sysfs(tmp_path, minor)
     dev = os.makedev(253, minor)
-    assert g.block_queue_dir(dev, str(sysfs)) == str(disk / "queue")
-    assert g.read_ahead_kb(dev, str(sysfs)) == 8192
+    assert _guard_residency.block_queue_dir(dev, str(sysfs)) == str(disk / "queue")
+    assert _guard_residency.read_ahead_kb(dev, str(sysfs)) == 8192
 
 
 def test_block_queue_dir_without_a_block_device(tmp_path):
     sysfs, _unused = _fake_sysfs(tmp_path, 0)
-    assert g.block_queue_dir(os.makedev(0, 42), str(sysfs)) is None
-    assert g.read_ahead_kb(os.makedev(0, 42), str(sysfs)) is None
+    assert _guard_residency.block_queue_dir(os.makedev(0, 42), str(sysfs)) is None
+    assert _guard_residency.read_ahead_kb(os.makedev(0, 42), str(sysfs)) is None
 
 
 def _bitmap_counter(bitmap):
@@ -314,7 +323,7 @@ def _bitmap_counter(bitmap):
 @pytest.mark.parametrize("resolution", [1, 64])
 def test_last_resident_end_brackets_the_truth(bitmap, resolution):
     truth = max((i + 1 for i, bit in enumerate(bitmap) if bit), default=0)
-    end = g.last_resident_end(_bitmap_counter(bitmap), len(bitmap), resolution)
+    end = _guard_residency.last_resident_end(_bitmap_counter(bitmap), len(bitmap), resolution)
     if truth == 0:
         assert end == 0
     else:
@@ -357,8 +366,8 @@ def sweeper(monkeypatch):
         if offset <= start:
             res.ranges[fd] = (min(max(start, stop), end), end) if stop < end else (end, end)
 
-    monkeypatch.setattr(g, "fadvise_dontneed", fake_fadvise)
-    sw = g.FileSweeper([], residency=res)
+    monkeypatch.setattr(_guard_sweeper, "fadvise_dontneed", fake_fadvise)
+    sw = _guard_sweeper.FileSweeper([], residency=res)
     sw.keep_by_dev[1] = 16 * MIB
     return sw, res, advised
 
@@ -442,8 +451,8 @@ class MappedFile:
 
 def test_advise_probes_a_growing_mapped_file_instead_of_walking_it(monkeypatch):
     res = MappedFile()
-    monkeypatch.setattr(g, "fadvise_dontneed", res.fadvise)
-    sw = g.FileSweeper([], residency=res)
+    monkeypatch.setattr(_guard_sweeper, "fadvise_dontneed", res.fadvise)
+    sw = _guard_sweeper.FileSweeper([], residency=res)
     sw.keep_by_dev[1] = 16 * MIB
     st = {"floor": 0, "seen": 0, "tail": False, "end": None}
     size = 1 << 30
@@ -453,19 +462,21 @@ def test_advise_probes_a_growing_mapped_file_instead_of_walking_it(monkeypatch):
     assert st["mapped"] is True
     res.mapped = 200 * MIB  # still faulting in
     assert sw.advise(3, size, 1, st) == (0, 0, True)
-    assert res.advised[-1] == (0, g.PROBE_BYTES)  # only the probe
+    assert res.advised[-1] == (0, _guard_sweeper.PROBE_BYTES)  # only the probe
     # the loader unmaps it (and has moved on): the probe frees, the whole file goes at once
     res.mapped = 300 * MIB
     res.unmapped = True
     assert sw.advise(3, size, 1, st) == (1, 300 * MIB, False)  # the probe's 4 MiB and the rest
-    assert res.advised[-2:] == [(0, g.PROBE_BYTES), (0, 0)]
+    assert res.advised[-2:] == [(0, _guard_sweeper.PROBE_BYTES), (0, 0)]
     assert res.mapped == 0
     assert st["mapped"] is False
 
 
 def test_advise_without_a_residency_method_advises_whole_files(monkeypatch):
     advised = []
-    monkeypatch.setattr(g, "fadvise_dontneed", lambda fd, offset=0, length=0: advised.append((fd, offset, length)))
+    monkeypatch.setattr(
+        _guard_sweeper, "fadvise_dontneed", lambda fd, offset=0, length=0: advised.append((fd, offset, length))
+    )
 
     class Blind:
         page_size = 4096
@@ -473,7 +484,7 @@ def test_advise_without_a_residency_method_advises_whole_files(monkeypatch):
         def resident_bytes(self, fd, size):
             return None
 
-    sw = g.FileSweeper([], residency=Blind())
+    sw = _guard_sweeper.FileSweeper([], residency=Blind())
     assert sw.advise(7, 100, 1, {"floor": 0, "seen": 0, "tail": False, "end": None}) == (1, 0, False)
     assert advised == [(7, 0, 0)]
 
@@ -491,7 +502,7 @@ def test_advise_without_a_residency_method_advises_whole_files(monkeypatch):
     ],
 )
 def test_sweep_candidates(state, touched, expected):
-    sw = g.FileSweeper([])
+    sw = _guard_sweeper.FileSweeper([])
     if state is not None:
         sw.state[(1, 2)] = state
     assert sw.candidate((1, 2), touched) is expected
@@ -509,7 +520,7 @@ def test_sweep_looks_only_at_candidates_between_full_scans(tmp_path, monkeypatch
         return 0
 
     res.resident_bytes = resident_bytes
-    sw = g.FileSweeper([str(tmp_path)], residency=res)
+    sw = _guard_sweeper.FileSweeper([str(tmp_path)], residency=res)
     sw.sweep(100.0, set())  # the first sweep is a full scan
     assert len(seen) == 3
     seen.clear()
@@ -524,7 +535,7 @@ def test_sweep_looks_only_at_candidates_between_full_scans(tmp_path, monkeypatch
 
 
 def test_file_events_drain_parses_events(tmp_path):
-    events = g.FileEvents()
+    events = _guard_watch.FileEvents()
     if events.fd is None:
         pytest.skip("no inotify")
     os.close(events.fd)
@@ -537,14 +548,14 @@ def test_file_events_drain_parses_events(tmp_path):
     os.write(w, struct.pack("iIII", 9, 0x1, 0, 0))  # unknown watch: ignored
     assert events.drain() == {(8, 100), (8, 200)}
     assert events.drain() == set()
-    os.write(w, struct.pack("iIII", -1, g.FileEvents.IN_Q_OVERFLOW, 0, 0))
+    os.write(w, struct.pack("iIII", -1, _guard_watch.FileEvents.IN_Q_OVERFLOW, 0, 0))
     assert events.drain() is None  # events lost: the next sweep looks at everything
     events.close()
     os.close(w)
 
 
 def test_file_events_on_real_files(tmp_path):
-    events = g.FileEvents()
+    events = _guard_watch.FileEvents()
     if events.fd is None:
         pytest.skip("no inotify")
     (tmp_path / "a").write_bytes(b"x" * 10)
@@ -586,7 +597,7 @@ def test_proc_start_time_parses_odd_command_names(tmp_path, comm):
 )
 def test_pid_watch(tmp_path, change, exited):
     _proc_stat(tmp_path, 42, "loader", "R", 100)
-    watch = g.PidWatch(42, str(tmp_path))
+    watch = _guard_watch.PidWatch(42, str(tmp_path))
     assert watch.exited() is False
     if change == "remove":
         (tmp_path / "42" / "stat").unlink()
@@ -598,11 +609,11 @@ def test_pid_watch(tmp_path, change, exited):
 
 
 def test_pid_watch_of_a_missing_process_has_exited(tmp_path):
-    assert g.PidWatch(99, str(tmp_path)).exited() is True
+    assert _guard_watch.PidWatch(99, str(tmp_path)).exited() is True
 
 
 def test_pid_watch_with_psutil_on_this_process():
-    watch = g.PidWatch(os.getpid())
+    watch = _guard_watch.PidWatch(os.getpid())
     assert watch.exited() is False
 
 

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, _nodefiles, uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils import _common, _guard_service, _nodefiles, uma_guard
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import (
     Systemd,
@@ -122,7 +122,7 @@ def node(tmp_path, monkeypatch):
     fake = FakeGuardSystemd()
     monkeypatch.setattr(basic.AnsibleModule, "run_command", lambda self, args, **kw: fake(args))
     monkeypatch.setattr(basic.AnsibleModule, "get_bin_path", lambda self, name, *a, **kw: "/usr/bin/" + name)
-    monkeypatch.setattr(drop_cache_loop, "_sleep", lambda s: None)
+    monkeypatch.setattr(_guard_service, "_sleep", lambda s: None)
     models = tmp_path / "models"
     models.mkdir()
     (models / "model.safetensors").write_bytes(b"\0" * 4096)
@@ -172,7 +172,7 @@ def test_start_runs_a_transient_unit_and_returns_status(run_module, node):
     # programs installed beside each other, from the collection's source
     assert (node.root / "lib" / "uma_guard.py").read_text() == _nodefiles.module_source(uma_guard)
     assert (node.root / "lib" / "_common.py").read_text() == _nodefiles.module_source(_common)
-    assert [f["changed"] for f in result["node_files"]] == [True, True]
+    assert [f["changed"] for f in result["node_files"]] == [True] * len(_guard_service.NODE_PROGRAM)
     assert json.loads(node.sidecar.read_text())["config"] == result["config"]
 
 
@@ -185,7 +185,7 @@ def test_starting_twice_leaves_one_guard(run_module, node):
     assert len(node.systemd.units) == 1
     assert result["pid"] == 4000 and result["status"]["state"] == "running"
     assert result["diff"]["before"] == result["diff"]["after"]
-    assert [f["changed"] for f in result["node_files"]] == [False, False]
+    assert [f["changed"] for f in result["node_files"]] == [False] * len(_guard_service.NODE_PROGRAM)
 
 
 def test_other_config_restarts(run_module, node):
@@ -202,7 +202,7 @@ def test_other_config_restarts(run_module, node):
 
 def test_new_program_version_restarts(run_module, node, monkeypatch):
     run_module(drop_cache_loop, node.args())
-    monkeypatch.setattr(drop_cache_loop, "files_fingerprint", lambda files: "a new collection version")
+    monkeypatch.setattr(_guard_service, "files_fingerprint", lambda files: "a new collection version")
     failed, result = run_module(drop_cache_loop, node.args())
     assert not failed and result["action"] == "restarted"
 
@@ -323,7 +323,7 @@ def test_stale_status_is_not_taken_for_the_new_guard(run_module, node):
         (dict(min_available_mib=-1), "min_available_mib", "below the minimum 0"),
         (dict(drop_level=2), None, "value of drop_level must be one of"),
         (dict(max_duration=0), "max_duration", "must be > 0"),
-        (dict(max_duration=0.5), "max_duration", "is below 1 second"),
+        (dict(max_duration=-1), "max_duration", "must be > 0"),
         (dict(max_duration=86401), "max_duration", "<= 86400"),
         (dict(max_duration=True), "max_duration", "is a boolean"),
         (dict(until_url="ftp://host/x"), "until_url", "is not an http(s) URL"),
@@ -367,9 +367,9 @@ def test_global_mode_needs_writable_drop_caches(run_module, node, tmp_path):
 )
 def test_command_is_accepted_by_the_real_guard(options):
     """The argv the module builds parses to the same configuration in uma_guard's own parser."""
-    req = drop_cache_loop.GuardRequest(name="g", **options)
-    config = drop_cache_loop.validate(req)
-    argv = drop_cache_loop.guard_command(req, config, "/run/uma-vllm/guard-g.json")
+    req = _guard_service.GuardRequest(name="g", **options)
+    config = _guard_service.validate(req)
+    argv = _guard_service.guard_command(req, config, "/run/uma-vllm/guard-g.json")
     assert argv[:2] == ["/usr/bin/python3", "/usr/local/lib/uma-vllm/uma_guard.py"]
     parsed = uma_guard.validate(uma_guard.build_parser().parse_args(argv[2:]))
     for key in ("mode", "paths", "interval", "threshold_mib", "min_available_mib", "drop_level", "max_duration"):
