@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
 PROG = "uma-vllm-watchdog"
 EXIT_CONFIG = 78
 EVENTS_KEPT = 200
-SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts")
+SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts", "Result", "ExecMainStatus")
 
 METRICS: Dict[str, Tuple[str, str]] = {
     "uma_vllm_watchdog_state": ("gauge", "1 for the watchdog's current phase of the engine (label phase)."),
@@ -246,6 +246,9 @@ class Watchdog:
             obs["unit"] = show.get("ActiveState") or "unknown"
             n = show.get("NRestarts", "")
             obs["n_restarts"] = int(n) if n.isdigit() else None
+            obs["result"] = show.get("Result") or None
+            status = show.get("ExecMainStatus", "")
+            obs["exit_status"] = int(status) if status.isdigit() else None
             obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
         except UmaError as err:
             obs["unit"] = "unknown"
@@ -417,7 +420,7 @@ class Watchdog:
             elif action["do"] == "stop":
                 self.stop_all(action)
             else:
-                self.record(action["do"], action["reason"], action.get("evidence"))
+                self.record(action.get("action") or action["do"], action["reason"], action.get("evidence"))
         if self.state["phase"] != before and not any(a["do"] in ("restart", "stop", "record") for a in actions):
             self.record("phase", "%s -> %s: %s" % (before, self.state["phase"], self.state["reason"]), {
                 "verdict": self.state.get("last_verdict")})  # fmt: skip

@@ -285,7 +285,14 @@ def test_each_failure_kind_leads_to_a_restart(over, kind):
 
 
 def test_rank1_dead_while_rank0_health_says_200_is_detected_within_the_bound():
-    c = cfg(fail_threshold=2, interval_s=5, peers=[{"name": "ai2", "url": "http://ai2:9411/status"}], status_port=9411)
+    # without the launchers' rank link (grace 0) the watchdog acts within its own bound
+    c = cfg(
+        fail_threshold=2,
+        interval_s=5,
+        peers=[{"name": "ai2", "url": "http://ai2:9411/status"}],
+        status_port=9411,
+        rank_link_grace_s=0,
+    )
     state = healthy_state(c)
     dead = ok_obs(peers={"ai2": w.peer_view({"unit": "active", "local": {"ok": False, "reason": "0 of 1"}}, 1, c)})
     state, done = run(c, [dead, dead], start=5.0, state=state)
@@ -477,3 +484,81 @@ def test_peer_view():
 )
 def test_peer_reaction(leader, mine, expected):
     assert w.peer_reaction(leader, mine) == expected
+
+
+# --------------------------------------------------------------------------
+# the launchers' rank link and the watchdog never fight; its restarts are bounded too
+
+PEERS = {"peers": [{"name": "ai2", "url": "http://ai2:9411/status"}], "status_port": 9411}
+
+
+def _peer(status_local):
+    return {"ai2": w.peer_view({"unit": "active", "local": status_local}, 1, cfg(**PEERS))}
+
+
+def test_a_dead_peer_rank_is_left_to_the_rank_link_for_the_grace_then_counted():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    dead = ok_obs(peers=_peer({"ok": False, "reason": "0 of 1 processes matching 'VLLM::Worker' alive"}))
+    state, done = run(c, [dead] * 6, start=5.0, state=state)  # t = 5 .. 30: inside the grace
+    assert done == [] and state["phase"] == "suspect" and "left to the rank link" in state["reason"]
+    state, done = run(c, [dead] * 3, start=35.0, state=state)  # grace over at t=35, then fail_threshold ticks
+    assert [(t, a["do"], a["kind"]) for t, a in done] == [(40.0, "restart", "peer")]
+
+
+def test_the_rank_link_restart_by_systemd_is_not_repeated_by_the_watchdog():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    dead = ok_obs(peers=_peer({"ok": False, "reason": "0 of 1"}))
+    # the rank link: every rank exits 69, systemd restarts (auto-restart = activating), the ranks load
+    restarting = ok_obs(unit="activating", n_restarts=1, exit_status=69, health=None, metrics=None, probe=None)
+    state, done = run(c, [dead, restarting, restarting, restarting, ok_obs(n_restarts=1)], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record"] and done[0][1]["action"] == "systemd-restart"
+    assert "exit status 69" in done[0][1]["reason"]
+    assert state["phase"] == "healthy" and len(state["restarts"]) == 1
+
+
+def test_a_stopped_rank_process_is_a_wedge_for_the_watchdog_at_once():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    wedged = ok_obs(local={"ok": False, "reason": "process 7 (VLLM::EngineCore) is stopped (state T)", "stopped": True})
+    state, done = run(c, [wedged] * 2, start=5.0, state=state)
+    assert [(t, a["do"], a["kind"]) for t, a in done] == [(10.0, "restart", "local")]
+    stopped_peer = ok_obs(peers=_peer({"ok": False, "reason": "process 9 is stopped (state T)", "stopped": True}))
+    state, done = run(c, [ok_obs(n_restarts=0)] + [stopped_peer] * 2, start=100.0, state=state)
+    assert [a["do"] for _t, a in done if a["do"] != "record"] == ["restart"]
+
+
+def test_systemd_restarts_over_the_limit_stop_every_rank():
+    c = cfg(max_restarts=2, window_s=3600, **PEERS)
+    state = healthy_state(c)
+    loop = []
+    for n in (1, 2, 3):  # an engine that exits 69 at every start: systemd restarts it again and again
+        loop += [ok_obs(unit="activating", n_restarts=n, exit_status=1, health=None, metrics=None, probe=None)] * 2
+    state, done = run(c, loop[:-1], start=5.0, state=state)  # the stop leaves the unit inactive
+    assert [a["do"] for _t, a in done] == ["record", "record", "record", "stop"]
+    assert state["phase"] == "gave_up" and state["counts"]["gave_up"] == 1
+    assert "systemd restarted the engine 3 times in 3600 s (limit 2; last exit status 1)" in state["reason"]
+    state, done = run(c, [ok_obs(unit="inactive", n_restarts=3)] * 5, start=100.0, state=state)
+    assert done == [] and state["phase"] == "gave_up"
+
+
+def test_systemd_start_limit_hit_is_a_give_up_with_its_reason():
+    c = cfg(max_restarts=5, **PEERS)
+    state = healthy_state(c)
+    hit = ok_obs(unit="failed", result="start-limit-hit", exit_status=69, n_restarts=2, local={"ok": False})
+    state, done = run(c, [hit, hit], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record", "stop"]
+    assert state["phase"] == "gave_up" and "start limit hit" in state["reason"]
+    # an operator's stop (result success) is still never fought
+    c1 = cfg()
+    s1 = healthy_state(c1)
+    s1, done = run(c1, [ok_obs(unit="inactive", result="success", local={"ok": False})] * 3, state=s1)
+    assert s1["phase"] == "stopped" and [a["do"] for _t, a in done] == ["record"]
+
+
+@pytest.mark.parametrize("bad", [-1, "30", True, float("nan")])
+def test_rank_link_grace_refused_with_fix(bad):
+    with pytest.raises(UmaError) as err:
+        cfg(rank_link_grace_s=bad)
+    assert "rank_link_grace_s" in err.value.message and "Give e.g. 30" in err.value.message
