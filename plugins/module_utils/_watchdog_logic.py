@@ -127,6 +127,7 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
     """Defaults plus ``raw`` (the JSON config), refused with one clear error naming key, value, fix."""
     if not isinstance(raw, dict):
         raise UmaError(source, raw, "is not a JSON object", "Write the watchdog's config as a JSON object.")
+    raw = {k: v for k, v in raw.items() if k != "_comment"}  # the role's ansible_managed note
     unknown = sorted(k for k in raw if k not in DEFAULTS)
     if unknown:
         raise UmaError(unknown[0], raw[unknown[0]], "is not a watchdog option", "Use one of: %s." % ", ".join(DEFAULTS))
