@@ -232,8 +232,6 @@ class Watchdog:
             out.append(("uma_vllm_watchdog_peer_ok", dict(labels, peer=name), 1 if peer["ok"] else 0))
         out.append(("uma_vllm_watchdog_timestamp_seconds", {}, round(time.time(), 3)))
         path = os.path.join(self.cfg["textfile_dir"], "uma_vllm_watchdog_%s.prom" % self.engine)
-        if not os.path.isdir(self.cfg["textfile_dir"]):
-            return  # no node-exporter textfile collector on this node (uma.vllm.monitoring creates it)
         try:
             atomic_write(path, render(out, METRICS))
         except OSError as err:
