@@ -88,7 +88,7 @@ case "${1:-}" in
     t0=$(now)
     docker exec "$ai2" pkill -KILL -f '^VLLM::Worker_TP1'
     wait_for 60 has_event "$ai1" "$t0" systemd-restart || { echo "the watchdog saw no systemd restart"; exit 1; }
-    events "$ai1" "$t0" systemd-restart | head -1 | grep -q 'exit status 69'
+    events "$ai1" "$t0" systemd-restart | head -1 | grep -q 'exit status 69' || { echo "not exit status 69"; exit 1; }
     echo "rank link restart seen by the watchdog $(since "$t0") s after the kill (exit status 69)"
     wait_healthy_completion 300 || { echo "not healthy again"; exit 1; }
     echo "healthy again (completion answered) in $(since "$t0") s"
@@ -120,7 +120,7 @@ case "${1:-}" in
       [ "$procs" = 0 ]
     done
     docker exec "$ai1" systemctl status --no-pager "$wd" | grep 'Status: "GAVE_UP: gave up'
-    docker exec "$ai1" grep '^uma_vllm_watchdog_gave_up{engine="tp2"} 1' /var/lib/prometheus/node-exporter/uma_vllm_watchdog_tp2.prom
+    docker exec "$ai1" grep -E '^uma_vllm_watchdog_gave_up\{engine="tp2"\} 1(\.0)?$' /var/lib/prometheus/node-exporter/uma_vllm_watchdog_tp2.prom
     docker exec "$ai1" cat $records/state.json | grep -q '"phase": "gave_up"'
     ;;
   recover)
@@ -136,7 +136,9 @@ case "${1:-}" in
     ;;
   no-fight)
     # after `engine.sh kill-worker`: the watchdog saw the rank link's restart (exit 69) and made none of its own
-    events "$ai1" 0 systemd-restart | grep -q 'exit status 69' || { echo "no systemd restart with exit 69 recorded"; exit 1; }
+    has_event "$ai1" 0 systemd-restart || { echo "no systemd restart recorded"; exit 1; }
+    events "$ai1" 0 systemd-restart | python3 -c 'import json,sys; [print("recorded:", json.loads(l)["reason"]) for l in sys.stdin]'
+    events "$ai1" 0 systemd-restart | grep -q 'exit status 69' || { echo "the recorded restart does not name exit status 69"; exit 1; }
     echo "watchdog records of systemd restarts: $(count "$ai1" 0 systemd-restart); its own restarts: $(count "$ai1" 0 restart)"
     [ "$(count "$ai1" 0 restart)" = 0 ]
     ;;
@@ -156,7 +158,7 @@ case "${1:-}" in
               http://127.0.0.1:8100/v1/completions && n=$((n + 1)); done; echo "$n" > /tmp/load-$c ) &
       done
       wait
-      cat /tmp/load-1 /tmp/load-2 /tmp/load-3 | paste -sd+ | bc' >/tmp/uma-wd-load.$$
+      total=0; for c in 1 2 3; do total=$((total + $(cat /tmp/load-$c))); done; echo $total' >/tmp/uma-wd-load.$$
     done_requests=$(cat /tmp/uma-wd-load.$$)
     rm -f /tmp/uma-wd-load.$$
     after=$(docker exec "$ai1" cat $records/state.json)
@@ -231,7 +233,7 @@ open(sys.argv[2] + "/proc/meminfo.new", "w").writelines(out)' "$1" "$fake"
         /usr/bin/python3 -c 'import time; b = bytearray(1 << 30); [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; time.sleep(120)'
       wait_for 60 has_event "$ai1" "$t0" evict || { docker exec "$ai1" systemctl stop uma-lab-hog; echo "no eviction under the hog"; exit 1; }
       events "$ai1" "$t0" evict | grep MemAvailable | head -1 | python3 -c 'import json,sys; e=json.loads(sys.stdin.readline()); r=e["evidence"]["result"]; print("hog: evicted %d files %.1f s after the hog started; %s" % (r["files"], e["epoch_s"] - float(sys.argv[1]), e["reason"])); sys.exit(0 if r["files"] > 0 else 1)' "$t0"
-      hog=$(docker exec "$ai1" systemctl show -p ActiveState -p Result --value uma-lab-hog | paste -sd' ')
+      hog="$(docker exec "$ai1" systemctl show -p ActiveState --value uma-lab-hog) $(docker exec "$ai1" systemctl show -p Result --value uma-lab-hog)"
       echo "hog while evicting: $hog"
       docker exec "$ai1" systemctl stop uma-lab-hog
       [ "$hog" = "active success" ]

@@ -139,6 +139,7 @@ class Watchdog:
         if cfg["status_port"]:
             self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"])
         self.publish_phase: Optional[str] = None
+        self.last_exit: Optional[int] = None
         self._started = clock()
         self.ticks = 0
 
@@ -248,7 +249,10 @@ class Watchdog:
             obs["n_restarts"] = int(n) if n.isdigit() else None
             obs["result"] = show.get("Result") or None
             status = show.get("ExecMainStatus", "")
-            obs["exit_status"] = int(status) if status.isdigit() else None
+            if status.isdigit() and int(status) != 0 and obs["unit"] != "active":
+                # the last failed exit (e.g. 69 from the rank link), kept over the restart that follows
+                self.last_exit = int(status)
+            obs["exit_status"] = self.last_exit
             obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
         except UmaError as err:
             obs["unit"] = "unknown"
