@@ -15,9 +15,9 @@ from typing import Any, Dict, List, Optional
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.uma.vllm.plugins.filter.vllm_service import container_name
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.filter.vllm_service import container_name
 
 # Role variable -> watchdog option (values given as null keep the watchdog's default).
 OPTIONS = {

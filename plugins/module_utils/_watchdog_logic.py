@@ -483,6 +483,7 @@ def decide(
         if obs.get("unit") in ("active", "activating") and s.get("stopped_by_us"):
             # someone started the engine again by hand: watch it afresh
             s["stopped_by_us"] = False
+            s["restarts"] = []  # the operator took over: a fresh window, not an immediate second give-up
             _set_phase(s, "starting", now, "engine started by an operator after the watchdog gave up")
             actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
         return s, actions
@@ -505,6 +506,15 @@ def decide(
                 len(s["restarts"]),
                 cfg["window_s"],
                 obs.get("exit_status"),
+            )
+        elif unit == "failed" and s["restarts"]:
+            # systemd restarted it, then stopped restarting (its start limit, an exit it does not
+            # restart): the engine is down for good; make that a clear, whole-engine state
+            bound = "the engine unit failed (%s, last exit status %s) after %d restart(s) in %.0f s" % (
+                obs.get("result"),
+                obs.get("exit_status"),
+                len(s["restarts"]),
+                cfg["window_s"],
             )
         if bound is not None:
             s["counts"]["gave_up"] += 1

@@ -771,8 +771,8 @@ def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
     )
     assert "OOMScoreAdjust=-900" in text and "Type=notify" in text and "WatchdogSec=" in text
     assert (
-        "ExecStart=/usr/bin/python3 -E -s /usr/local/lib/uma-vllm/uma_watchdog.py --config /etc/uma-vllm/watchdog/%i.json"
-        in text
+        "ExecStart=/usr/bin/python3 -E -s /usr/local/lib/uma-vllm/uma_watchdog.py"
+        " --config /etc/uma-vllm/watchdog/%i.json" in text
     )
     (tmp_path / "uma-vllm-watchdog@.service").write_text(text)
     analyze = shutil.which("systemd-analyze")

@@ -562,3 +562,25 @@ def test_rank_link_grace_refused_with_fix(bad):
     with pytest.raises(UmaError) as err:
         cfg(rank_link_grace_s=bad)
     assert "rank_link_grace_s" in err.value.message and "Give e.g. 30" in err.value.message
+
+
+def test_a_unit_that_systemd_stopped_restarting_is_a_give_up():
+    # measured in molecule/cluster: NRestarts 3 (= the limit), then the unit failed with Result=exit-code
+    c = cfg(max_restarts=3, **PEERS)
+    state = healthy_state(c)
+    loop = [
+        ok_obs(unit="activating", n_restarts=n, exit_status=1, health=None, metrics=None, probe=None) for n in (1, 2, 3)
+    ]
+    dead = ok_obs(unit="failed", result="exit-code", exit_status=1, n_restarts=3, local={"ok": False})
+    state, done = run(c, [*loop, dead], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record", "record", "record", "stop"]
+    assert "the engine unit failed (exit-code, last exit status 1) after 3 restart(s)" in state["reason"]
+    # the operator starts it again: watched afresh, and the next systemd restart is not a second give-up
+    state, done = run(c, [ok_obs(unit="activating", n_restarts=0), ok_obs(n_restarts=0)], start=100.0, state=state)
+    assert state["phase"] == "healthy" and state["restarts"] == []
+    state, done = run(c, [ok_obs(unit="activating", n_restarts=1, exit_status=69)], start=200.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record"] and state["phase"] == "starting"
+    # a failed unit systemd never restarted (e.g. exit 78, a refused config) is left alone: watching only
+    s1 = healthy_state(c)
+    s1, done = run(c, [ok_obs(unit="failed", result="exit-code", exit_status=78, local={"ok": False})] * 2, state=s1)
+    assert s1["phase"] == "stopped" and [a["do"] for _t, a in done] == ["record"]
