@@ -132,7 +132,7 @@ def fmt(values: List[Optional[float]], cap: float) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--nodes", nargs=2, default=["ai1", "ai2"])
     p.add_argument("--cap", type=float, default=150.0, help="seconds a run may take to recover")

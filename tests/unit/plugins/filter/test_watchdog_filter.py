@@ -31,8 +31,8 @@ SETTINGS = {
 }
 
 
-def configs(host, engines=ENGINES, settings=None, hostvars=None):
-    mine = vs.host_engines(engines, host)
+def configs(host, engines=None, settings=None, hostvars=None):
+    mine = vs.host_engines(engines or ENGINES, host)
     launch = [{"name": e["name"], "health_url": "http://127.0.0.1:%d/health" % e["port"]} for e in mine]
     return {c["name"]: c for c in wf.watchdog_configs(launch, mine, host, hostvars or HOSTVARS, settings or SETTINGS)}
 
