@@ -529,8 +529,18 @@ def decide(
             actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
         s["fails"] = 0
         return s, actions
+    invocation = obs.get("invocation")
+    restarted = bool(invocation) and s.get("invocation") not in (None, invocation)
+    if invocation:
+        s["invocation"] = invocation
     if s["phase"] == "stopped":
         _set_phase(s, "starting", now, "engine unit is %s again" % unit)
+    elif restarted and s["phase"] != "starting":
+        # a new run of the unit between two ticks (systemctl restart by a play or an operator:
+        # Type=exec is "active" at once, so "activating" may never be seen): a new load
+        _set_phase(s, "starting", now, "engine unit started again (new invocation)")
+        s["fails"] = 0
+        s["rank_link_since"] = None
     elif unit == "activating" and s["phase"] != "starting":
         # systemd restarts it by itself (Restart=): a new start, counted through NRestarts
         _set_phase(s, "starting", now, "engine unit is activating (restarted by systemd)")

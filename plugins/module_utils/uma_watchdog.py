@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
 PROG = "uma-vllm-watchdog"
 EXIT_CONFIG = 78
 EVENTS_KEPT = 200
-SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts", "Result", "ExecMainStatus")
+SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts", "Result", "ExecMainStatus", "InvocationID")
 
 METRICS: Dict[str, Tuple[str, str]] = {
     "uma_vllm_watchdog_state": ("gauge", "1 for the watchdog's current phase of the engine (label phase)."),
@@ -248,6 +248,7 @@ class Watchdog:
             n = show.get("NRestarts", "")
             obs["n_restarts"] = int(n) if n.isdigit() else None
             obs["result"] = show.get("Result") or None
+            obs["invocation"] = show.get("InvocationID") or None
             status = show.get("ExecMainStatus", "")
             if status.isdigit() and int(status) != 0 and obs["unit"] != "active":
                 # the last failed exit (e.g. 69 from the rank link), kept over the restart that follows

@@ -584,3 +584,17 @@ def test_a_unit_that_systemd_stopped_restarting_is_a_give_up():
     s1 = healthy_state(c)
     s1, done = run(c, [ok_obs(unit="failed", result="exit-code", exit_status=78, local={"ok": False})] * 2, state=s1)
     assert s1["phase"] == "stopped" and [a["do"] for _t, a in done] == ["record"]
+
+
+def test_a_restart_between_two_ticks_is_a_new_load_not_a_fault():
+    # measured in molecule/cluster: a play's `systemctl restart` of rank 0 (Type=exec: "active" at
+    # once) was seen as a healthy engine whose EngineCore was missing; 30 s later the watchdog restarted it
+    c = cfg(fail_threshold=2, rank_link_grace_s=30, **PEERS)
+    state, _unused = run(c, [ok_obs(invocation="a")])
+    assert state["phase"] == "healthy"
+    missing = {"ok": False, "reason": "0 of 1 processes matching 'VLLM::EngineCore' alive"}
+    loading = ok_obs(invocation="b", local=missing, health={"ok": False, "error": "refused"}, metrics=None, probe=None)
+    state, done = run(c, [loading] * 12, start=5.0, state=state)  # 60 s of loading
+    assert state["phase"] == "starting" and [a for _t, a in done if a["do"] in ("restart", "stop")] == []
+    state, _unused = run(c, [ok_obs(invocation="b")], start=65.0, state=state)
+    assert state["phase"] == "healthy"
