@@ -331,6 +331,9 @@ def container_prefix(
         argv += ["-v", "%s:%s" % (settings["hf_cache"], HF_CACHE_IN_CONTAINER)]
     for key in sorted(env_names):
         argv += ["-e", key]  # the value comes from the launcher's environment, never the command line
+    if settings.get("oom_score_adj") not in (None, ""):
+        # who dies first: the engine's processes (positive), never the watchdog or the guard
+        argv += ["--oom-score-adj", str(int(settings["oom_score_adj"]))]
     argv += [str(word) for word in settings.get("container_options") or []]
     if entrypoint:
         argv += ["--entrypoint", entrypoint]

@@ -79,6 +79,11 @@ DEFAULTS: Dict[str, Any] = {
     "leader_url": None,  # peers: rank 0's watchdog status URL
     "peer_timeout_s": 15.0,  # a peer status older than this (or unreachable this long) = peer gone
     "peer_ack_timeout_s": 120.0,
+    # multi-node: a dead rank process or a lost peer is first the launchers' rank link's to heal
+    # (every rank exits 69, systemd restarts the whole engine); the watchdog counts such a
+    # failure only when it outlasts this grace (0 = count at once). Stopped processes (SIGSTOP,
+    # a wedge) are never the rank link's: it sees only processes that are gone.
+    "rank_link_grace_s": 30.0,
     "status_bind": "127.0.0.1",
     "status_port": 0,  # 0 = no status endpoint (single-node engines)
     "backoff_initial_s": 30.0,
@@ -126,6 +131,7 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
     """Defaults plus ``raw`` (the JSON config), refused with one clear error naming key, value, fix."""
     if not isinstance(raw, dict):
         raise UmaError(source, raw, "is not a JSON object", "Write the watchdog's config as a JSON object.")
+    raw = {k: v for k, v in raw.items() if k != "_comment"}  # the role's ansible_managed note
     unknown = sorted(k for k in raw if k not in DEFAULTS)
     if unknown:
         raise UmaError(unknown[0], raw[unknown[0]], "is not a watchdog option", "Use one of: %s." % ", ".join(DEFAULTS))
@@ -141,6 +147,10 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
         raise UmaError("rank", rank, "is not a node rank", "Give 0 on the node that serves the API, 1.. on the others.")
     for key in _POSITIVE:
         cfg[key] = _number(key, cfg[key], "Give e.g. %s." % DEFAULTS[key])
+    grace = cfg["rank_link_grace_s"]
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or math.isnan(grace) or grace < 0:
+        raise UmaError("rank_link_grace_s", grace, "must be a number of seconds >= 0", "Give e.g. 30 (0 = no grace).")
+    cfg["rank_link_grace_s"] = float(grace)
     for key, minimum in (("fail_threshold", 1), ("max_restarts", 1), ("floor_samples", 1), ("status_port", 0)):
         value = cfg[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -359,10 +369,13 @@ def liveness(cfg: Dict[str, Any], obs: Dict[str, Any], state: Dict[str, Any], no
     """
     local = obs.get("local")
     if local is not None and not local.get("ok"):
-        return {"ok": False, "kind": "local", "reason": "local rank: %s" % local.get("reason")}
+        # a process that is gone is what the launchers' rank link also sees; a stopped one is not
+        return {"ok": False, "kind": "local", "reason": "local rank: %s" % local.get("reason"),
+                "rank_link": not local.get("stopped")}  # fmt: skip
     for name, peer in sorted((obs.get("peers") or {}).items()):
         if not peer.get("ok"):
-            return {"ok": False, "kind": "peer", "reason": "peer %s: %s" % (name, peer.get("reason"))}
+            return {"ok": False, "kind": "peer", "reason": "peer %s: %s" % (name, peer.get("reason")),
+                    "rank_link": not peer.get("stopped")}  # fmt: skip
         if peer.get("critical_floor"):
             return {"ok": False, "kind": "peer_floor", "reason": "peer %s: below its critical memory floor" % name}
     if cfg["rank"] != 0:
@@ -439,12 +452,22 @@ def decide(
     s["restarts"] = [t for t in s["restarts"] if now - t < cfg["window_s"]]
     # restarts systemd made by itself (Restart=on-failure) count in the same window
     seen = obs.get("n_restarts")
+    by_systemd = 0
     if isinstance(seen, int):
         if s["n_restarts_seen"] is not None and seen > s["n_restarts_seen"]:
-            s["restarts"] += [now] * (seen - s["n_restarts_seen"])
-            s["counts"]["restarts"] += seen - s["n_restarts_seen"]
+            by_systemd = seen - s["n_restarts_seen"]
+            s["restarts"] += [now] * by_systemd
+            s["counts"]["restarts"] += by_systemd
         s["n_restarts_seen"] = seen
     evidence = {k: obs.get(k) for k in ("unit", "local", "health", "metrics", "probe", "peers", "mem") if k in obs}
+    if by_systemd:
+        # the launcher exited (69: a rank, a rank process or a peer failed; the rank link stopped
+        # every rank) and systemd's Restart= brings it back: not the watchdog's restart to
+        # repeat, but one more in the same bounded window
+        actions.append({"do": "record", "action": "systemd-restart", "reason": (
+            "systemd restarted the engine (exit status %s): %d restart(s) in the last %.0f s, limit %d" % (
+                obs.get("exit_status"), len(s["restarts"]), cfg["window_s"], cfg["max_restarts"])),
+            "evidence": evidence})  # fmt: skip
 
     # memory floors: evict at the warning floor (every node), restart at the critical one (rank 0)
     level, why = floor_level(obs.get("mem"), floors)
@@ -464,11 +487,45 @@ def decide(
         if obs.get("unit") in ("active", "activating") and s.get("stopped_by_us"):
             # someone started the engine again by hand: watch it afresh
             s["stopped_by_us"] = False
+            s["restarts"] = []  # the operator took over: a fresh window, not an immediate second give-up
             _set_phase(s, "starting", now, "engine started by an operator after the watchdog gave up")
             actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
         return s, actions
 
     unit = obs.get("unit")
+    if cfg["rank"] == 0 and not s.get("stopped_by_us"):
+        # restarts the watchdog did not make are bounded too: over the limit (systemd's
+        # Restart= after every rank exited 69) or systemd's own start limit hit = give up
+        # the same way: every rank stopped and left stopped, the reason published
+        bound = None
+        if by_systemd and len(s["restarts"]) > cfg["max_restarts"]:
+            bound = "systemd restarted the engine %d times in %.0f s (limit %d; last exit status %s)" % (
+                len(s["restarts"]),
+                cfg["window_s"],
+                cfg["max_restarts"],
+                obs.get("exit_status"),
+            )
+        elif unit == "failed" and obs.get("result") == "start-limit-hit":
+            bound = "systemd's start limit hit (StartLimitBurst) after %d restarts in %.0f s; last exit status %s" % (
+                len(s["restarts"]),
+                cfg["window_s"],
+                obs.get("exit_status"),
+            )
+        elif unit == "failed" and s["restarts"]:
+            # systemd restarted it, then stopped restarting (its start limit, an exit it does not
+            # restart): the engine is down for good; make that a clear, whole-engine state
+            bound = "the engine unit failed (%s, last exit status %s) after %d restart(s) in %.0f s" % (
+                obs.get("result"),
+                obs.get("exit_status"),
+                len(s["restarts"]),
+                cfg["window_s"],
+            )
+        if bound is not None:
+            s["counts"]["gave_up"] += 1
+            s["stopped_by_us"] = True
+            _set_phase(s, "gave_up", now, "gave up: %s" % bound)
+            actions.append({"do": "stop", "reason": s["reason"], "evidence": evidence})
+            return s, actions
     if unit is not None and unit not in ("active", "activating", "reloading"):
         # stopped or failed not by us: an operator's stop or systemd's own start limit; never fight it
         if s["phase"] != "stopped":
@@ -476,8 +533,18 @@ def decide(
             actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
         s["fails"] = 0
         return s, actions
+    invocation = obs.get("invocation")
+    restarted = bool(invocation) and s.get("invocation") not in (None, invocation)
+    if invocation:
+        s["invocation"] = invocation
     if s["phase"] == "stopped":
         _set_phase(s, "starting", now, "engine unit is %s again" % unit)
+    elif restarted and s["phase"] != "starting":
+        # a new run of the unit between two ticks (systemctl restart by a play or an operator:
+        # Type=exec is "active" at once, so "activating" may never be seen): a new load
+        _set_phase(s, "starting", now, "engine unit started again (new invocation)")
+        s["fails"] = 0
+        s["rank_link_since"] = None
     elif unit == "activating" and s["phase"] != "starting":
         # systemd restarts it by itself (Restart=): a new start, counted through NRestarts
         _set_phase(s, "starting", now, "engine unit is activating (restarted by systemd)")
@@ -494,6 +561,21 @@ def decide(
     critical = level == "critical" and s["critical_ticks"] >= cfg["floor_samples"]
     if critical:
         verdict = {"ok": False, "kind": "floor", "reason": why}
+
+    multi_node = bool(cfg["peers"]) or cfg["rank"] != 0
+    if not verdict["ok"] and verdict.get("rank_link") and multi_node and cfg["rank_link_grace_s"] > 0:
+        # a gone rank process or a lost peer: the launchers' rank link stops every rank (exit 69)
+        # and systemd restarts the engine; a second restart by the watchdog would fight it
+        since = s.get("rank_link_since")
+        if since is None:
+            s["rank_link_since"] = since = now
+        if now - since < cfg["rank_link_grace_s"]:
+            if s["phase"] != "starting":
+                _set_phase(s, "suspect", now, "%s; left to the rank link for %.0f of %.0f s" % (
+                    verdict["reason"], now - since, cfg["rank_link_grace_s"]))  # fmt: skip
+            return s, actions
+    else:
+        s["rank_link_since"] = None
 
     if s["phase"] == "starting":
         if verdict["ok"] and unit != "activating":
@@ -577,7 +659,11 @@ def peer_view(status: Optional[Dict[str, Any]], age_s: Optional[float], cfg: Dic
     if status.get("unit") not in ("active", "activating", "reloading"):
         return {"ok": False, "reason": "engine unit is %s" % status.get("unit")}
     if not local.get("ok"):
-        return {"ok": False, "reason": local.get("reason") or "rank processes missing"}
+        return {
+            "ok": False,
+            "reason": local.get("reason") or "rank processes missing",
+            "stopped": bool(local.get("stopped")),
+        }
     return {"ok": True, "reason": "alive", "critical_floor": status.get("floor") == "critical"}
 
 

@@ -205,7 +205,7 @@ def check_local(cfg: Dict[str, Any], show: Dict[str, str], runner: Any = None) -
     if stopped:
         first = stopped[0]
         why = "process %d (%s) is stopped (state %s)" % (first["pid"], first["cmdline"][:80], first["state"])
-        return {"ok": False, "reason": why, "pids": [i["pid"] for i in infos]}
+        return {"ok": False, "reason": why, "pids": [i["pid"] for i in infos], "stopped": True}
     for want in cfg["processes"]:
         have = [i for i in infos if re.search(want["match"], i["cmdline"])]
         if len(have) < want.get("min", 1):

@@ -98,6 +98,7 @@ EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
 EXIT_PEER = 69  # EX_UNAVAILABLE: a rank or rank process of this engine failed; systemd restarts it
 # EX_TEMPFAIL, like a lock timeout: the node has not the memory the plan's start needs now
 EXIT_ADMISSION = 75
+GUARD_OOM_SCORE_ADJ = -900  # the guard: never the kernel's pick (the engine unit's score is positive)
 GUARD_READY_TIMEOUT_S = 10.0
 GIB_F = float(1 << 30)
 
@@ -480,6 +481,18 @@ def model_files(model_path: Optional[str]) -> List[str]:
     return [entry[0] for entry in uma_guard.iter_files([model_path])]
 
 
+def set_oom_score_adj(pid: int, value: int, proc_root: str = "/proc") -> Any:
+    """Write ``value`` to the process's oom_score_adj; the value in force, or the error (best effort)."""
+    path = os.path.join(proc_root, str(pid), "oom_score_adj")
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write("%d\n" % value)
+        with open(path, encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError) as err:
+        return "not set: %s" % err
+
+
 def evict_files(paths: List[str]) -> int:
     """posix_fadvise(DONTNEED) over each file; returns the bytes asked to go."""
     return uma_guard.evict_paths(paths)[0]
@@ -748,6 +761,9 @@ class Launch:
         os.makedirs(self.record_dir, exist_ok=True)
         started = time.monotonic()
         self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509
+        # who dies first: the engine's unit has a positive OOMScoreAdjust the guard inherits;
+        # the guard that protects the load must not be the kernel's pick (root may lower it)
+        oom = set_oom_score_adj(self.guard.pid, GUARD_OOM_SCORE_ADJ, self.config["proc_root"])
         # The load must not begin before the guard watches: its first status
         # file says it has taken its baseline and runs its loop.
         status_file = os.path.join(self.record_dir, "guard.json")
@@ -756,7 +772,8 @@ class Launch:
                 break
             time.sleep(0.02)
         ready = os.path.exists(status_file)
-        self.log.step("guard-started", duration=time.monotonic() - started, mode=mode, pid=self.guard.pid, ready=ready)
+        self.log.step("guard-started", duration=time.monotonic() - started, mode=mode, pid=self.guard.pid, ready=ready,
+                      oom_score_adj=oom)  # fmt: skip
         if not ready:
             self.log.line("the guard did not report within %ss (exit %s); loading without it" % (
                 GUARD_READY_TIMEOUT_S, self.guard.poll()))  # fmt: skip

@@ -68,7 +68,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
 PROG = "uma-vllm-watchdog"
 EXIT_CONFIG = 78
 EVENTS_KEPT = 200
-SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts")
+SHOW = ("ActiveState", "SubState", "MainPID", "ControlGroup", "NRestarts", "Result", "ExecMainStatus", "InvocationID")
 
 METRICS: Dict[str, Tuple[str, str]] = {
     "uma_vllm_watchdog_state": ("gauge", "1 for the watchdog's current phase of the engine (label phase)."),
@@ -139,6 +139,7 @@ class Watchdog:
         if cfg["status_port"]:
             self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"])
         self.publish_phase: Optional[str] = None
+        self.last_exit: Optional[int] = None
         self._started = clock()
         self.ticks = 0
 
@@ -246,6 +247,13 @@ class Watchdog:
             obs["unit"] = show.get("ActiveState") or "unknown"
             n = show.get("NRestarts", "")
             obs["n_restarts"] = int(n) if n.isdigit() else None
+            obs["result"] = show.get("Result") or None
+            obs["invocation"] = show.get("InvocationID") or None
+            status = show.get("ExecMainStatus", "")
+            if status.isdigit() and int(status) != 0 and obs["unit"] != "active":
+                # the last failed exit (e.g. 69 from the rank link), kept over the restart that follows
+                self.last_exit = int(status)
+            obs["exit_status"] = self.last_exit
             obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
         except UmaError as err:
             obs["unit"] = "unknown"
@@ -417,7 +425,7 @@ class Watchdog:
             elif action["do"] == "stop":
                 self.stop_all(action)
             else:
-                self.record(action["do"], action["reason"], action.get("evidence"))
+                self.record(action.get("action") or action["do"], action["reason"], action.get("evidence"))
         if self.state["phase"] != before and not any(a["do"] in ("restart", "stop", "record") for a in actions):
             self.record("phase", "%s -> %s: %s" % (before, self.state["phase"], self.state["reason"]), {
                 "verdict": self.state.get("last_verdict")})  # fmt: skip

@@ -270,6 +270,8 @@ def config(tmp_path, node, engine_url, **over):
         "backoff_max_s": 2.0,
         "peer_timeout_s": 1.0,
         "peer_ack_timeout_s": 10.0,
+        # no launcher (no rank link) beside these stand-in nodes: the watchdog's own detection, at once
+        "rank_link_grace_s": 0,
         "processes": [{"match": "VLLM::Worker", "min": 1}],
         "systemctl": node.systemctl,
         "meminfo_root": str(node.proc),
@@ -765,11 +767,13 @@ def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
         vllm_service_python="/usr/bin/python3",
         vllm_service_config_dir="/etc/uma-vllm",
         vllm_service_state_dir="/var/lib/uma-vllm",
+        vllm_service_watchdog_lib_dir="/usr/local/lib/uma-vllm",
+        vllm_service_watchdog_oom_score_adjust=-900,
     )
     assert "OOMScoreAdjust=-900" in text and "Type=notify" in text and "WatchdogSec=" in text
     assert (
-        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/uma_watchdog.py --config /etc/uma-vllm/watchdog/%i.json"
-        in text
+        "ExecStart=/usr/bin/python3 -E -s /usr/local/lib/uma-vllm/uma_watchdog.py"
+        " --config /etc/uma-vllm/watchdog/%i.json" in text
     )
     (tmp_path / "uma-vllm-watchdog@.service").write_text(text)
     analyze = shutil.which("systemd-analyze")

@@ -285,7 +285,14 @@ def test_each_failure_kind_leads_to_a_restart(over, kind):
 
 
 def test_rank1_dead_while_rank0_health_says_200_is_detected_within_the_bound():
-    c = cfg(fail_threshold=2, interval_s=5, peers=[{"name": "ai2", "url": "http://ai2:9411/status"}], status_port=9411)
+    # without the launchers' rank link (grace 0) the watchdog acts within its own bound
+    c = cfg(
+        fail_threshold=2,
+        interval_s=5,
+        peers=[{"name": "ai2", "url": "http://ai2:9411/status"}],
+        status_port=9411,
+        rank_link_grace_s=0,
+    )
     state = healthy_state(c)
     dead = ok_obs(peers={"ai2": w.peer_view({"unit": "active", "local": {"ok": False, "reason": "0 of 1"}}, 1, c)})
     state, done = run(c, [dead, dead], start=5.0, state=state)
@@ -501,3 +508,117 @@ def test_peer_view():
 )
 def test_peer_reaction(leader, mine, expected):
     assert w.peer_reaction(leader, mine) == expected
+
+
+# --------------------------------------------------------------------------
+# the launchers' rank link and the watchdog never fight; its restarts are bounded too
+
+PEERS = {"peers": [{"name": "ai2", "url": "http://ai2:9411/status"}], "status_port": 9411}
+
+
+def _peer(status_local):
+    return {"ai2": w.peer_view({"unit": "active", "local": status_local}, 1, cfg(**PEERS))}
+
+
+def test_a_dead_peer_rank_is_left_to_the_rank_link_for_the_grace_then_counted():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    dead = ok_obs(peers=_peer({"ok": False, "reason": "0 of 1 processes matching 'VLLM::Worker' alive"}))
+    state, done = run(c, [dead] * 6, start=5.0, state=state)  # t = 5 .. 30: inside the grace
+    assert done == [] and state["phase"] == "suspect" and "left to the rank link" in state["reason"]
+    state, done = run(c, [dead] * 3, start=35.0, state=state)  # grace over at t=35, then fail_threshold ticks
+    assert [(t, a["do"], a["kind"]) for t, a in done] == [(40.0, "restart", "peer")]
+
+
+def test_the_rank_link_restart_by_systemd_is_not_repeated_by_the_watchdog():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    dead = ok_obs(peers=_peer({"ok": False, "reason": "0 of 1"}))
+    # the rank link: every rank exits 69, systemd restarts (auto-restart = activating), the ranks load
+    restarting = ok_obs(unit="activating", n_restarts=1, exit_status=69, health=None, metrics=None, probe=None)
+    state, done = run(c, [dead, restarting, restarting, restarting, ok_obs(n_restarts=1)], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record"] and done[0][1]["action"] == "systemd-restart"
+    assert "exit status 69" in done[0][1]["reason"]
+    assert state["phase"] == "healthy" and len(state["restarts"]) == 1
+
+
+def test_a_stopped_rank_process_is_a_wedge_for_the_watchdog_at_once():
+    c = cfg(fail_threshold=2, interval_s=5, rank_link_grace_s=30, **PEERS)
+    state = healthy_state(c)
+    wedged = ok_obs(local={"ok": False, "reason": "process 7 (VLLM::EngineCore) is stopped (state T)", "stopped": True})
+    state, done = run(c, [wedged] * 2, start=5.0, state=state)
+    assert [(t, a["do"], a["kind"]) for t, a in done] == [(10.0, "restart", "local")]
+    stopped_peer = ok_obs(peers=_peer({"ok": False, "reason": "process 9 is stopped (state T)", "stopped": True}))
+    state, done = run(c, [ok_obs(n_restarts=0)] + [stopped_peer] * 2, start=100.0, state=state)
+    assert [a["do"] for _t, a in done if a["do"] != "record"] == ["restart"]
+
+
+def test_systemd_restarts_over_the_limit_stop_every_rank():
+    c = cfg(max_restarts=2, window_s=3600, **PEERS)
+    state = healthy_state(c)
+    loop = []
+    for n in (1, 2, 3):  # an engine that exits 69 at every start: systemd restarts it again and again
+        loop += [ok_obs(unit="activating", n_restarts=n, exit_status=1, health=None, metrics=None, probe=None)] * 2
+    state, done = run(c, loop[:-1], start=5.0, state=state)  # the stop leaves the unit inactive
+    assert [a["do"] for _t, a in done] == ["record", "record", "record", "stop"]
+    assert state["phase"] == "gave_up" and state["counts"]["gave_up"] == 1
+    assert "systemd restarted the engine 3 times in 3600 s (limit 2; last exit status 1)" in state["reason"]
+    state, done = run(c, [ok_obs(unit="inactive", n_restarts=3)] * 5, start=100.0, state=state)
+    assert done == [] and state["phase"] == "gave_up"
+
+
+def test_systemd_start_limit_hit_is_a_give_up_with_its_reason():
+    c = cfg(max_restarts=5, **PEERS)
+    state = healthy_state(c)
+    hit = ok_obs(unit="failed", result="start-limit-hit", exit_status=69, n_restarts=2, local={"ok": False})
+    state, done = run(c, [hit, hit], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record", "stop"]
+    assert state["phase"] == "gave_up" and "start limit hit" in state["reason"]
+    # an operator's stop (result success) is still never fought
+    c1 = cfg()
+    s1 = healthy_state(c1)
+    s1, done = run(c1, [ok_obs(unit="inactive", result="success", local={"ok": False})] * 3, state=s1)
+    assert s1["phase"] == "stopped" and [a["do"] for _t, a in done] == ["record"]
+
+
+@pytest.mark.parametrize("bad", [-1, "30", True, float("nan")])
+def test_rank_link_grace_refused_with_fix(bad):
+    with pytest.raises(UmaError) as err:
+        cfg(rank_link_grace_s=bad)
+    assert "rank_link_grace_s" in err.value.message and "Give e.g. 30" in err.value.message
+
+
+def test_a_unit_that_systemd_stopped_restarting_is_a_give_up():
+    # measured in molecule/cluster: NRestarts 3 (= the limit), then the unit failed with Result=exit-code
+    c = cfg(max_restarts=3, **PEERS)
+    state = healthy_state(c)
+    loop = [
+        ok_obs(unit="activating", n_restarts=n, exit_status=1, health=None, metrics=None, probe=None) for n in (1, 2, 3)
+    ]
+    dead = ok_obs(unit="failed", result="exit-code", exit_status=1, n_restarts=3, local={"ok": False})
+    state, done = run(c, [*loop, dead], start=5.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record", "record", "record", "stop"]
+    assert "the engine unit failed (exit-code, last exit status 1) after 3 restart(s)" in state["reason"]
+    # the operator starts it again: watched afresh, and the next systemd restart is not a second give-up
+    state, done = run(c, [ok_obs(unit="activating", n_restarts=0), ok_obs(n_restarts=0)], start=100.0, state=state)
+    assert state["phase"] == "healthy" and state["restarts"] == []
+    state, done = run(c, [ok_obs(unit="activating", n_restarts=1, exit_status=69)], start=200.0, state=state)
+    assert [a["do"] for _t, a in done] == ["record"] and state["phase"] == "starting"
+    # a failed unit systemd never restarted (e.g. exit 78, a refused config) is left alone: watching only
+    s1 = healthy_state(c)
+    s1, done = run(c, [ok_obs(unit="failed", result="exit-code", exit_status=78, local={"ok": False})] * 2, state=s1)
+    assert s1["phase"] == "stopped" and [a["do"] for _t, a in done] == ["record"]
+
+
+def test_a_restart_between_two_ticks_is_a_new_load_not_a_fault():
+    # measured in molecule/cluster: a play's `systemctl restart` of rank 0 (Type=exec: "active" at
+    # once) was seen as a healthy engine whose EngineCore was missing; 30 s later the watchdog restarted it
+    c = cfg(fail_threshold=2, rank_link_grace_s=30, **PEERS)
+    state, _unused = run(c, [ok_obs(invocation="a")])
+    assert state["phase"] == "healthy"
+    missing = {"ok": False, "reason": "0 of 1 processes matching 'VLLM::EngineCore' alive"}
+    loading = ok_obs(invocation="b", local=missing, health={"ok": False, "error": "refused"}, metrics=None, probe=None)
+    state, done = run(c, [loading] * 12, start=5.0, state=state)  # 60 s of loading
+    assert state["phase"] == "starting" and [a for _t, a in done if a["do"] in ("restart", "stop")] == []
+    state, _unused = run(c, [ok_obs(invocation="b")], start=65.0, state=state)
+    assert state["phase"] == "healthy"

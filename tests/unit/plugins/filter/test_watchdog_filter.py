@@ -1,0 +1,104 @@
+"""The watchdog configs the vllm_service role writes (plugins/filter/watchdog.py): ranks, peers,
+status ports, floors from uma_ram_gib, refusals naming the role variable, the value and the fix,
+and every config accepted by the watchdog program's own validation."""
+
+from __future__ import annotations
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
+from ansible_collections.uma.vllm.plugins.filter import watchdog as wf
+from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
+
+ENGINES = [
+    {"name": "tp2", "nodes": ["ai1", "ai2", "ai3"], "port": 8100, "model_path": "/models/tiny"},
+    {"name": "solo", "port": 8000, "model_path": "/models/solo"},
+    {"name": "parked", "state": "stopped", "port": 8001, "model_path": "/models/solo"},
+]
+HOSTVARS = {h: {"__vllm_service_node": {"addr": "10.0.0.%d" % i}} for i, h in enumerate(["ai1", "ai2", "ai3"], 1)}
+SETTINGS = {
+    "state_dir": "/var/lib/uma-vllm",
+    "unified_memory": "True",
+    "runtime": "native",
+    "ram_gib": "121",
+    "interval_s": "5",
+    "max_restarts": "3",
+    "rank_link_grace_s": 30,
+    "textfile_dir": "/var/lib/prometheus/node-exporter",
+    "warn_floor_mib": None,
+    "critical_floor_mib": "",
+}
+
+
+def configs(host, engines=None, settings=None, hostvars=None):
+    mine = vs.host_engines(engines or ENGINES, host)
+    launch = [{"name": e["name"], "health_url": "http://127.0.0.1:%d/health" % e["port"]} for e in mine]
+    return {c["name"]: c for c in wf.watchdog_configs(launch, mine, host, hostvars or HOSTVARS, settings or SETTINGS)}
+
+
+def test_rank0_watches_the_api_and_every_peer_the_others_follow_rank0():
+    head = configs("ai1")
+    assert sorted(head) == ["solo", "tp2"]  # a stopped engine gets no watchdog
+    tp2 = head["tp2"]["config"]
+    assert tp2["rank"] == 0 and tp2["base_url"] == "http://127.0.0.1:8100"
+    assert tp2["peers"] == [
+        {"name": "ai2", "url": "http://10.0.0.2:29512/status"},
+        {"name": "ai3", "url": "http://10.0.0.3:29512/status"},
+    ]
+    assert tp2["status_bind"] == "10.0.0.1" and tp2["status_port"] == 29512
+    assert tp2["processes"] == [{"match": "VLLM::EngineCore", "min": 1}]
+    assert tp2["_comment"].startswith("Managed by uma.vllm")
+    solo = head["solo"]["config"]
+    assert "peers" not in solo and "status_port" not in solo and solo["base_url"] == "http://127.0.0.1:8000"
+    rank2 = configs("ai3")["tp2"]["config"]
+    assert rank2["rank"] == 2 and rank2["leader_url"] == "http://10.0.0.1:29512/status"
+    assert rank2["processes"] == [{"match": "VLLM::Worker", "min": 1}] and "base_url" not in rank2
+    for host in ("ai1", "ai2", "ai3"):
+        for item in configs(host).values():
+            logic.validate(item["config"])  # what the node program will accept
+
+
+def test_floors_are_sized_from_uma_ram_gib_and_overridable():
+    spark = configs("ai1")["tp2"]["floors"]
+    assert spark["critical_bytes"] == logic.size_floors(121 * logic.GIB)["critical_bytes"]
+    assert spark["warn_bytes"] == 2 * spark["critical_bytes"]
+    lab = configs("ai1", settings=dict(SETTINGS, ram_gib=23))["tp2"]["floors"]
+    assert lab["critical_bytes"] < spark["critical_bytes"]
+    explicit = configs("ai1", settings=dict(SETTINGS, warn_floor_mib="8192", critical_floor_mib=4096))["tp2"]
+    assert explicit["config"]["warn_floor_mib"] == 8192 and explicit["floors"]["critical_bytes"] == 4096 << 20
+
+
+def test_container_runtime_watches_the_engines_container():
+    item = configs("ai1", settings=dict(SETTINGS, runtime="container", container_bin="/usr/bin/podman"))["solo"]
+    assert item["config"]["container"] == "uma-vllm-solo" and item["config"]["container_bin"] == "/usr/bin/podman"
+
+
+def test_a_port_per_engine_can_be_given():
+    engines = [dict(ENGINES[0], watchdog_port=9411)]
+    assert configs("ai2", engines=engines)["tp2"]["config"]["leader_url"] == "http://10.0.0.1:9411/status"
+
+
+@pytest.mark.parametrize(
+    "over, words",
+    [
+        ({"interval_s": "-1"}, "vllm_service_watchdog_interval_s = -1 must be a positive number of seconds. Fix:"),
+        ({"max_restarts": 0}, "vllm_service_watchdog_max_restarts = 0 must be a whole number >= 1. Fix:"),
+        ({"evict_scope": "all"}, "vllm_service_watchdog_evict_scope = 'all' is not model or global. Fix:"),
+        ({"warn_floor_mib": 100, "critical_floor_mib": 200}, "vllm_service_watchdog_warn_floor_mib = 100 is not above"),
+        ({"rank_link_grace_s": "soon"}, "vllm_service_watchdog_rank_link_grace_s = 'soon' must be a number"),
+        ({"backoff_initial_s": 60, "backoff_max_s": 30}, "vllm_service_watchdog_backoff_max_s = 30.0 is below"),
+        ({"ram_gib": "-4"}, "vllm_service_ram_gib = -4 must be a positive number"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_variable_the_value_and_the_fix(over, words):
+    with pytest.raises(AnsibleFilterError) as err:
+        configs("ai2", settings=dict(SETTINGS, **over))
+    assert words in str(err.value) and "engine tp2 on ai2" in str(err.value)
+
+
+def test_a_node_without_a_cluster_address_is_refused_with_the_fix():
+    hostvars = dict(HOSTVARS, ai2={})
+    with pytest.raises(AnsibleFilterError) as err:
+        configs("ai1", hostvars=hostvars)
+    assert "no cluster-link address for peer ai2. Fix: set uma_cluster_addr" in str(err.value)
