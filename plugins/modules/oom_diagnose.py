@@ -427,16 +427,9 @@ def _read_watchdog(state_dir, engine, sources):
     return _diagnose.summarize_watchdog(state, events)
 
 
-def _watchdog_dirs(state_dir):
-    root = os.path.join(state_dir, "watchdog")
-    try:
-        return sorted(d for d in os.listdir(root) if ENGINE_RE.fullmatch(d) and os.path.isdir(os.path.join(root, d)))
-    except OSError:
-        return []
-
-
-def _launch_dirs(state_dir):
-    root = os.path.join(state_dir, "launches")
+def _engine_dirs(state_dir, kind):
+    """Engine names with a directory under <state_dir>/<kind> (launches, watchdog)."""
+    root = os.path.join(state_dir, kind)
     try:
         return sorted(d for d in os.listdir(root) if ENGINE_RE.fullmatch(d) and os.path.isdir(os.path.join(root, d)))
     except OSError:
@@ -458,7 +451,7 @@ def _read_launch(state_dir, engine, launch, sources):
 
 def _other_launches(state_dir, engine, limit=20):
     out = []
-    for other in _launch_dirs(state_dir):
+    for other in _engine_dirs(state_dir, "launches"):
         if other == engine:
             continue
         base = os.path.join(state_dir, "launches", other)
@@ -609,7 +602,7 @@ def diagnose_node(p, lines, timeout, settings):
         sources["meminfo"] = "%s/meminfo: %s" % (p["proc_root"], exc.strerror)
     sysctl = _sysctls(p["proc_root"], p["sysctl_keys"])
     boot_time = _boot_time(p["proc_root"])
-    found = sorted(set(_launch_dirs(p["state_dir"])) | set(_watchdog_dirs(p["state_dir"])))
+    found = sorted(set(_engine_dirs(p["state_dir"], "launches")) | set(_engine_dirs(p["state_dir"], "watchdog")))
     engines = list(p["engines"]) or found or [None]
     diagnoses, timelines, sections = [], [], []
     for engine in engines:

@@ -32,7 +32,10 @@ from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan
 
 ORACLE = r"""
 import argparse, contextlib, io, json, sys, traceback
-from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # releases before 0.11.1 (test_vllm_parser_oracle_more.py)
+    from vllm.utils import FlexibleArgumentParser
 from vllm.entrypoints.cli.serve import ServeSubcommand
 from vllm.engine.arg_utils import AsyncEngineArgs
 

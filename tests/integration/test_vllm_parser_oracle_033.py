@@ -12,103 +12,21 @@ Missing venv, docker or PyPI: the test is skipped, or FAILS when UMA_REQUIRE_VLL
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
-
 import pytest
-from test_vllm_parser_oracle import FIXTURES, IMAGE, ORACLE, ROOT, VENV, _missing
-
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from _wheel_parser import matrix_cases, prepare_parser, run_parser, skip_or_fail
+from test_vllm_parser_oracle import ORACLE, ROOT, _missing
 
 VERSION = "0.33.0"
 PARSER = ROOT / ".cache" / "vllm-0.33-parser"
-
-
-def _skip_or_fail(reason):
-    if os.environ.get("UMA_REQUIRE_VLLM") == "1":
-        pytest.fail("UMA_REQUIRE_VLLM=1 but %s" % reason)
-    pytest.skip(reason)
-
-
-def prepare_parser() -> pathlib.Path:
-    """The 0.33.0 sources and orjson, once."""
-    stamp = PARSER / ".stamp"
-    if stamp.exists():
-        return PARSER
-    with tempfile.TemporaryDirectory() as tmp:
-        pip = [sys.executable, "-m", "pip", "-q"]
-        got = subprocess.run(
-            [*pip, "download", "--no-deps", "vllm==%s" % VERSION, "-d", tmp],
-            check=False, capture_output=True, text=True, timeout=900,
-        )  # fmt: skip
-        wheels = list(pathlib.Path(tmp).glob("vllm-%s-*.whl" % VERSION))
-        if got.returncode != 0 or not wheels:
-            _skip_or_fail("vllm==%s could not be downloaded: %s" % (VERSION, (got.stderr or "")[-300:]))
-        if PARSER.exists():
-            shutil.rmtree(PARSER)
-        src = PARSER / "src"
-        with zipfile.ZipFile(str(wheels[0])) as wheel:
-            for name in wheel.namelist():
-                if name.startswith("vllm/") and not name.endswith(".so") and ".so." not in name:
-                    wheel.extract(name, str(src))
-        deps = subprocess.run(
-            [*pip, "install", "--no-deps", "--target", str(PARSER / "deps"), "orjson>=3.11.6"],
-            check=False, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        if deps.returncode != 0:
-            _skip_or_fail("orjson could not be installed: %s" % (deps.stderr or "")[-300:])
-    stamp.write_text(VERSION + "\n")
-    return PARSER
-
-
-def run_033(cases, work):
-    parser = prepare_parser()
-    work = pathlib.Path(work)
-    (work / "oracle.py").write_text(ORACLE)
-    (work / "cases.json").write_text(json.dumps(cases))
-    os.chmod(str(work), 0o777)
-    cmd = ["docker", "run", "--rm", "-v", "%s:/opt/vllm:ro" % VENV, "-v", "%s:/opt/vllm033:ro" % parser]
-    cmd += ["-v", "%s:/w" % work, "-e", "VLLM_LOGGING_LEVEL=WARNING", "-e", "VLLM_TARGET_DEVICE=cpu"]
-    cmd += ["-e", "PYTHONPATH=/opt/vllm033/src:/opt/vllm033/deps", IMAGE]
-    cmd += ["/opt/vllm/bin/python", "-c", "import vllm, runpy, sys; assert vllm.__version__ == %r, vllm.__version__; "
-            "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" % VERSION,
-            "/w/oracle.py", "/w/cases.json", "/w/out.json"]  # fmt: skip
-    run = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=900)
-    out = work / "out.json"
-    if run.returncode != 0 or not out.exists():
-        pytest.fail(
-            "the vLLM %s parser did not run (exit %s):\n%s"
-            % (VERSION, run.returncode, (run.stderr or run.stdout)[-3000:])
-        )
-    return json.loads(out.read_text())
-
-
-def cases_033():
-    import yaml
-
-    cases = []
-    for case in yaml.safe_load((FIXTURES / "plan_matrix.yaml").read_text()):
-        params = dict(case["params"])
-        params["model_config"] = json.loads((FIXTURES / case["fixture"] / "config.json").read_text())
-        params.setdefault("model", "/models/%s" % case["fixture"])
-        params["vllm_version"] = VERSION
-        result = plan_mod.plan(params)
-        cases.append({"id": case["id"], "argv": result["argv"], "budget": result["budget"], "params": params})
-    return cases
 
 
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory):
     reason = _missing()
     if reason:
-        _skip_or_fail(reason)
-    cases = cases_033()
+        skip_or_fail(reason)
+    cases, refused = matrix_cases(VERSION)
+    assert not refused, refused
     extra = [
         {"id": "accepted-no-enable-prefix-caching", "argv": ["vllm", "serve", "m", "--no-enable-prefix-caching"]},
         {"id": "rejected-bogus", "argv": ["vllm", "serve", "m", "--no-such-flag-uma"]},
@@ -117,7 +35,8 @@ def oracle(tmp_path_factory):
         {"id": "rejected-swap-space", "argv": ["vllm", "serve", "m", "--swap-space", "4"]},
     ]
     argvs = [{"id": c["id"], "argv": c["argv"]} for c in cases] + extra
-    results = {r["id"]: r for r in run_033(argvs, tmp_path_factory.mktemp("oracle033"))}
+    parser = prepare_parser(VERSION, PARSER, ["orjson>=3.11.6"])
+    results = run_parser(VERSION, parser, ORACLE, argvs, tmp_path_factory.mktemp("oracle033"))
     return cases, results
 
 
