@@ -68,11 +68,17 @@ def test_the_fixture_is_what_the_note_says():
         assert row["set"] in ("fit", "holdout") and row["scope"] in ("text", "multimodal")
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+# The logs that show every term of vLLM's budget (the others are checked by their ratio only).
+BALANCED = [r for r in ROWS if None not in (r["observed"]["kv"], r["observed"]["activation"], r["observed"]["total"])]
+
+
+def test_which_logs_show_every_term():
+    assert len(BALANCED) == len(ROWS) - 3, [r["id"] for r in ROWS if r not in BALANCED]
+
+
+@pytest.mark.parametrize("row", BALANCED, ids=[r["id"] for r in BALANCED])
 def test_the_logs_books_balance(row):
     obs = row["observed"]
-    if obs["kv"] is None or obs["activation"] is None or obs["total"] is None:
-        pytest.skip("this log does not show every term")
     used = obs["weights"] + obs["activation"] + obs["non_torch"] + obs["kv"]
     assert abs(used - obs["total"] * obs["gmu"]) < 0.01 * obs["total"] + 0.05
 
