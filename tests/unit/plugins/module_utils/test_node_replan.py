@@ -38,28 +38,24 @@ def cfg(name):
     return json.loads((MODELS / name / "config.json").read_text())
 
 
+def _engine(model, weights_bytes, max_model_len, max_num_seqs):
+    return dict(
+        model_config=cfg(model), weights_bytes=weights_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs
+    )
+
+
+# name: (model fixture, weights bytes, max_model_len, max_num_seqs)
 ENGINES = {
-    "llama8b-64x8k": dict(
-        model_config=cfg("llama-3-8b"), weights_bytes=16060522496, max_model_len=8192, max_num_seqs=64
-    ),
-    "llama8b-256x8k": dict(
-        model_config=cfg("llama-3-8b"), weights_bytes=16060522496, max_model_len=8192, max_num_seqs=256
-    ),
-    "llama8b-16x8k": dict(
-        model_config=cfg("llama-3-8b"), weights_bytes=16060522496, max_model_len=8192, max_num_seqs=16
-    ),
-    "gptoss20b-8x16k": dict(
-        model_config=cfg("gpt-oss-20b"), weights_bytes=13761264768, max_model_len=16384, max_num_seqs=8
-    ),
-    "qwen1.5b-16x32k": dict(
-        model_config=cfg("qwen2.5-1.5b-instruct"), weights_bytes=3087467520, max_model_len=32768, max_num_seqs=16
-    ),
-    "qwen3-32b-8x32k": dict(
-        model_config=cfg("qwen3-32b"), weights_bytes=65527752704, max_model_len=32768, max_num_seqs=8
-    ),
-    "gptoss20b-32x64k": dict(
-        model_config=cfg("gpt-oss-20b"), weights_bytes=13761264768, max_model_len=65536, max_num_seqs=32
-    ),
+    name: _engine(*row)
+    for name, row in {
+        "llama8b-64x8k": ("llama-3-8b", 16060522496, 8192, 64),
+        "llama8b-256x8k": ("llama-3-8b", 16060522496, 8192, 256),
+        "llama8b-16x8k": ("llama-3-8b", 16060522496, 8192, 16),
+        "gptoss20b-8x16k": ("gpt-oss-20b", 13761264768, 16384, 8),
+        "qwen1.5b-16x32k": ("qwen2.5-1.5b-instruct", 3087467520, 32768, 16),
+        "qwen3-32b-8x32k": ("qwen3-32b", 65527752704, 32768, 8),
+        "gptoss20b-32x64k": ("gpt-oss-20b", 13761264768, 65536, 32),
+    }.items()
 }
 
 
