@@ -60,6 +60,17 @@ def _has_preflight(role):
     )
 
 
+def _refused_or_unclear(target, params, messages, bad, label):
+    """A refusal counts as clear when it names one of the options the case made bad."""
+    counts = h.COUNTS[target]
+    if any(n in messages for n in bad):
+        counts["refused"] += 1
+        return
+    counts["unclear"] += 1
+    if len(h.EXAMPLES[target]) < 20:
+        h.EXAMPLES[target].append("%s: %r -> %s" % (label, params, messages))
+
+
 def _from_check_type_int(exc):
     tb = exc.__traceback__
     while tb is not None:
@@ -98,13 +109,7 @@ def test_role_argument_specs(role):
         # the role's first task (uma.vllm.preflight), then ansible-core's validation
         first = role_args_errors(params, spec) if preflight else []
         if first:
-            messages = " ".join(first)
-            if any(n in messages for n in bad):
-                counts["refused"] += 1
-            else:
-                counts["unclear"] += 1
-                if len(h.EXAMPLES[target]) < 20:
-                    h.EXAMPLES[target].append("unclear (preflight): %r -> %s" % (params, messages))
+            _refused_or_unclear(target, params, " ".join(first), bad, "unclear (preflight)")
             return
         try:
             result = validator.validate(params)
@@ -120,16 +125,10 @@ def test_role_argument_specs(role):
             if len(h.EXAMPLES[target]) < 20:
                 h.EXAMPLES[target].append("traceback: %r -> %s: %s" % (params, type(exc).__name__, exc))
             return
-        messages = " ".join(result.error_messages)
         if not result.error_messages:
             counts["ok"] += 1
             return
-        if any(n in messages for n in bad):
-            counts["refused"] += 1
-        else:
-            counts["unclear"] += 1
-            if len(h.EXAMPLES[target]) < 20:
-                h.EXAMPLES[target].append("unclear: %r -> %s" % (params, messages))
+        _refused_or_unclear(target, params, " ".join(result.error_messages), bad, "unclear")
 
     case()
     # uma.vllm.preflight has one option: Hypothesis runs out of distinct cases (138) before 1,000
