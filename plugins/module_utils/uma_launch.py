@@ -100,6 +100,11 @@ EXIT_PEER = 69  # EX_UNAVAILABLE: a rank or rank process of this engine failed; 
 EXIT_ADMISSION = 75
 GUARD_OOM_SCORE_ADJ = -900  # the guard: never the kernel's pick (the engine unit's score is positive)
 GUARD_READY_TIMEOUT_S = 10.0
+# A rank that stops on purpose breaks the collective under a request that runs on the other
+# ranks (e.g. the watchdog's 1-token probe) before its word reaches them: a local death this
+# soon may be explained by a peer's stop, so the link is given this long to say so.
+PEER_EXPLAINS_S = 2.0
+SERVE_POLL_S = 0.25  # a stop signal reaches the peers within this
 GIB_F = float(1 << 30)
 
 DEFAULTS: Dict[str, Any] = {
@@ -578,6 +583,7 @@ class Launch:
         self.readahead_record: Optional[str] = None
         self.stop_signal: Optional[int] = None
         self.cleaned = False
+        self.peers_told = False
         self.tail: List[str] = []
         self._files: Optional[List[str]] = None
         self.link: Optional[_ranks.RankLink] = _ranks.RankLink(config, self.log.line) if config.get("cluster") else None
@@ -897,8 +903,9 @@ class Launch:
     def tell_peers(self) -> None:
         """Tell the other ranks that this one stops: deliberately (a signal, or a peer's
         deliberate stop passed on) or because something failed."""
-        if self.link is None:
+        if self.link is None or self.peers_told:
             return
+        self.peers_told = True
         if self.failure is not None:
             reason, deliberate = self.failure[0], self.failure[1] == 0
         elif self.stop_signal is not None:
@@ -944,22 +951,26 @@ class Launch:
             self.write_record()  # the running engine's record says what is watched
         while self.engine is not None and self.engine.poll() is None:
             try:
-                self.engine.wait(1.0)
+                self.engine.wait(SERVE_POLL_S)
             except subprocess.TimeoutExpired:
                 pass
             if self.stop_signal is not None:
+                # the peers hear of a deliberate stop before this rank's processes go away
+                self.tell_peers()
                 continue
             if self.link is not None and self.link.lost is not None:
-                reason, deliberate = self.link.lost
-                self.failure = (reason, 0 if deliberate else EXIT_PEER)
-                self.log.step("peer-stopped" if deliberate else "peer-lost", reason=reason)
+                self.failure_from_peer()
                 break
             dead = _ranks.gone(watched, self.config["proc_root"]) if watched else []
             if dead and self.engine.poll() is None:
+                if self.explained_by_peer():
+                    break
                 reason = "rank process %s" % ", ".join("%s (pid %d) died" % (name, pid) for pid, name in dead)
                 self.failure = (reason, EXIT_PEER)
                 self.log.step("rank-process-died", reason=reason)
                 break
+        if self.failure is None and self.stop_signal is None and self.engine is not None and self.engine.returncode:
+            self.explained_by_peer()
         if self.failure is not None:
             self.cleanup()
             self.record["exit_code"] = self.failure[1]
@@ -969,6 +980,25 @@ class Launch:
         self.record["exit_code"] = code
         self.log.step("engine-exited", returncode=self.engine.returncode if self.engine is not None else None)
         return code
+
+    def failure_from_peer(self) -> None:
+        reason, deliberate = self.link.lost  # type: ignore[union-attr,misc]
+        self.failure = (reason, 0 if deliberate else EXIT_PEER)
+        self.log.step("peer-stopped" if deliberate else "peer-lost", reason=reason)
+
+    def explained_by_peer(self) -> bool:
+        """This rank's processes died or its engine failed while the link was up: when a peer
+        says within PEER_EXPLAINS_S that it stopped, that is the reason (a deliberate stop
+        stops this rank too instead of a restart that waits for a peer that will not come)."""
+        if self.link is None:
+            return False
+        end = time.monotonic() + PEER_EXPLAINS_S
+        while self.link.lost is None and self.stop_signal is None and time.monotonic() < end:
+            time.sleep(0.1)
+        if self.link.lost is None:
+            return False
+        self.failure_from_peer()
+        return True
 
     def cleanup(self) -> None:
         if self.cleaned:

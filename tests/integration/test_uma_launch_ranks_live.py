@@ -87,6 +87,32 @@ def test_a_stop_of_either_rank_stops_the_whole_engine_deliberately(tmp_path, por
     assert "ranks-met" in steps and "peer-stopped" in steps and "engine-stopped" in steps
 
 
+def test_a_stop_that_breaks_the_peers_running_request_is_still_deliberate(tmp_path, ports):
+    """systemd stops rank 1 by signalling its whole control group (launcher and engine at
+    once); on rank 0 a request in flight (the watchdog's probe) fails on the broken
+    collective and takes rank 0's worker down before rank 1's word arrives. Seen in the
+    cluster scenario: rank 0 then exited 69 and systemd restarted it to wait for a rank
+    that an operator had stopped. Rank 0 must stop with rank 1, deliberately (exit 0)."""
+    procs = {}
+    for rank in (1, 0):  # each engine takes 3 s to stop, like vLLM's shutdown
+        procs[rank] = start(write_config(tmp_path, rank, ports, extra_args=["--stop-s", "3"]))
+        time.sleep(0.5)
+    for rank in (0, 1):
+        read_until(procs[rank], r"ranks-watched", timeout=60)
+    worker0 = next(iter(_ranks.vllm_processes(engine_pid(procs[0]))))
+    engine1 = engine_pid(procs[1])
+    os.kill(worker0, signal.SIGKILL)  # the broken collective, a moment before the word
+    time.sleep(0.1)
+    for pid in (procs[1].pid, engine1):  # KillMode=control-group: everyone at once
+        os.kill(pid, signal.SIGTERM)
+    assert procs[0].wait(20) == 0, record(tmp_path, 0)
+    assert procs[1].wait(20) == 0  # its engine ended its shutdown with 0
+    rec = record(tmp_path, 0)
+    assert rec["stopped_because"] == "rank 1 stopped: rank 1: signal 15", rec
+    steps = [s["name"] for s in rec["steps"]]
+    assert "peer-stopped" in steps and "rank-process-died" not in steps, steps
+
+
 def test_a_dead_rank_process_fails_both_ranks_for_a_restart(tmp_path, ports):
     procs = both_healthy(tmp_path, ports)
     watched = _ranks.vllm_processes(engine_pid(procs[1]))
