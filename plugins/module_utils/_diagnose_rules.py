@@ -257,14 +257,90 @@ def rule_admission_refused(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     }
 
 
+def _max_model_len_fixes(insufficient: Dict[str, Any]) -> List[str]:
+    """The fixes when the KV cache cannot hold one request of max_model_len."""
+    est = insufficient.get("estimated_max_len")
+    return [
+        "The KV cache cannot hold one request of max_model_len %d (needs %s, has %s): set --max-model-len %s"
+        " or re-plan with uma.vllm.vllm_flags and max_model_len <= %s."
+        % (
+            insufficient["max_model_len"],
+            fmt_bytes(insufficient["needed_bytes"]),
+            fmt_bytes(insufficient["available_bytes"]),
+            est if est else "lower",
+            est if est else "the planner's kv_tokens",
+        ),
+        "Or halve the bytes per token with --kv-cache-dtype fp8 (if the model tolerates it).",
+    ]
+
+
+_NO_KV_LEFT_FIX = (
+    "Weights and activations use the whole budget (no memory left for KV blocks): raise"
+    " --gpu-memory-utilization only if the node has headroom (re-plan with uma.vllm.vllm_flags),"
+    " else a quantized checkpoint or a smaller --max-num-batched-tokens (smaller activation peak)."
+)
+
+
+def _over_request_fix(f: Dict[str, Any], over_req: Dict[str, Any]) -> str:
+    """The fix when vLLM asked for more than was there (an explicit KV size, or the utilization's budget)."""
+    want = over_req.get("requested_bytes")
+    have = over_req.get("available_bytes", over_req.get("free_bytes"))
+    total = over_req.get("total_bytes") or f["mem_total"]
+    util = None
+    if have and total:
+        util = max(0.05, round((have - 0.05 * total) / total, 2))
+    explicit = over_req["kind"] == "kv_request_over" and (
+        "kv_cache_memory_bytes" in f["flags"] or "VLLM_CPU_KVCACHE_SPACE" in over_req["line"]
+    )
+    if explicit or (over_req["kind"] == "kv_request_over" and "requested_total_bytes" not in over_req):
+        # The KV size was given explicitly (--kv-cache-memory-bytes / VLLM_CPU_KVCACHE_SPACE).
+        return (
+            "The KV cache asked for (%s) is more than the memory available (%s): set --kv-cache-memory-bytes"
+            " (VLLM_CPU_KVCACHE_SPACE on the CPU backend) to at most %s, or re-plan with uma.vllm.vllm_flags"
+            " (its kv_cache_bytes)." % (fmt_bytes(want), fmt_bytes(have), fmt_bytes(max(0.0, 0.9 * (have or 0))))
+        )
+    return (
+        "The budget (%s) is larger than the memory free at start (%s): lower --gpu-memory-utilization%s,"
+        " or re-plan with uma.vllm.vllm_flags."
+        % (fmt_bytes(want), fmt_bytes(have), " to <= %.2f" % util if util else "")
+    )
+
+
+def _allocation_failure(
+    f: Dict[str, Any], cuda: List[Dict[str, Any]], exits: List[Dict[str, Any]], conf: float, sized: bool
+) -> Tuple[List[str], float]:
+    """Evidence lines and confidence when an allocation failed or the engine was killed at start.
+
+    ``sized``: vLLM's own KV sizing already explained the failure (then page cache does not
+    lower the confidence).
+    """
+    lines = _lines(*cuda[:1]) + _kernel_lines(f, "startup", 3)
+    lines += _lines(*exits[:1])
+    budget = _plan_budget(f)
+    if budget:
+        lines.append(budget["line"])
+        if budget["over"]:
+            conf = max(conf, 0.85)
+    if not sized and _cache_evidence(f)[0]:
+        conf = min(conf, 0.6)
+    return lines, conf
+
+
+def _lower_utilization_fix(f: Dict[str, Any]) -> str:
+    util = f["flags"].get("gpu_memory_utilization") or f["plan"].get("gpu_memory_utilization")
+    return (
+        "Weights + KV cache + activations exceeded the memory that was really there: lower"
+        " --gpu-memory-utilization%s, or re-plan with uma.vllm.vllm_flags (it leaves reserve_bytes"
+        " for the OS) and apply its flags." % (" (now %s)" % util if util else "")
+    )
+
+
 def rule_startup_oom(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     # The profiling assertion is the race's, not the budget's.
     failures = [e for e in _startup_failure(f) if e["kind"] != "profiling_error"]
     kernel_hit = _kernel_hit(f)
     if not failures and not kernel_hit:
         return None
-    flags = f["flags"]
-    plan = f["plan"]
     fix: List[str] = []
     conf = 0.7
     insufficient = next((e for e in failures if e["kind"] == "kv_insufficient"), None)
@@ -274,71 +350,23 @@ def rule_startup_oom(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     lines = _lines(insufficient, none_left, over_req)
     if insufficient:
         conf = 0.9
-        est = insufficient.get("estimated_max_len")
-        fix.append(
-            "The KV cache cannot hold one request of max_model_len %d (needs %s, has %s): set --max-model-len %s"
-            " or re-plan with uma.vllm.vllm_flags and max_model_len <= %s."
-            % (
-                insufficient["max_model_len"],
-                fmt_bytes(insufficient["needed_bytes"]),
-                fmt_bytes(insufficient["available_bytes"]),
-                est if est else "lower",
-                est if est else "the planner's kv_tokens",
-            )
-        )
-        fix.append("Or halve the bytes per token with --kv-cache-dtype fp8 (if the model tolerates it).")
+        fix += _max_model_len_fixes(insufficient)
     if none_left or (available and available.get("available_bytes", 0) <= 0):
         conf = 0.9
         lines += _lines(available)
-        fix.append(
-            "Weights and activations use the whole budget (no memory left for KV blocks): raise"
-            " --gpu-memory-utilization only if the node has headroom (re-plan with uma.vllm.vllm_flags),"
-            " else a quantized checkpoint or a smaller --max-num-batched-tokens (smaller activation peak)."
-        )
+        fix.append(_NO_KV_LEFT_FIX)
     if over_req:
         conf = max(conf, 0.85)
-        want = over_req.get("requested_bytes")
-        have = over_req.get("available_bytes", over_req.get("free_bytes"))
-        total = over_req.get("total_bytes") or f["mem_total"]
-        util = None
-        if have and total:
-            util = max(0.05, round((have - 0.05 * total) / total, 2))
-        explicit = over_req["kind"] == "kv_request_over" and (
-            "kv_cache_memory_bytes" in f["flags"] or "VLLM_CPU_KVCACHE_SPACE" in over_req["line"]
-        )
-        if explicit or (over_req["kind"] == "kv_request_over" and "requested_total_bytes" not in over_req):
-            # The KV size was given explicitly (--kv-cache-memory-bytes / VLLM_CPU_KVCACHE_SPACE).
-            fix.append(
-                "The KV cache asked for (%s) is more than the memory available (%s): set --kv-cache-memory-bytes"
-                " (VLLM_CPU_KVCACHE_SPACE on the CPU backend) to at most %s, or re-plan with uma.vllm.vllm_flags"
-                " (its kv_cache_bytes)." % (fmt_bytes(want), fmt_bytes(have), fmt_bytes(max(0.0, 0.9 * (have or 0))))
-            )
-        else:
-            fix.append(
-                "The budget (%s) is larger than the memory free at start (%s): lower --gpu-memory-utilization%s,"
-                " or re-plan with uma.vllm.vllm_flags."
-                % (fmt_bytes(want), fmt_bytes(have), " to <= %.2f" % util if util else "")
-            )
+        fix.append(_over_request_fix(f, over_req))
     cuda = [e for e in failures if e["kind"] in ("cuda_oom", "cuda_error_oom")]
     if over_req and over_req["kind"] == "startup_free" and _cache_evidence(f)[0]:
         conf = 0.6  # the budget may fit: page cache held the memory (see page_cache_starvation)
-    if cuda or kernel_hit or [e for e in failures if e["kind"] in ("unit_result", "exit")]:
-        lines += _lines(*cuda[:1]) + _kernel_lines(f, "startup", 3)
-        lines += _lines(*[e for e in failures if e["kind"] in ("unit_result", "exit")][:1])
-        budget = _plan_budget(f)
-        if budget:
-            lines.append(budget["line"])
-            if budget["over"]:
-                conf = max(conf, 0.85)
-        if not (insufficient or none_left or over_req) and _cache_evidence(f)[0]:
-            conf = min(conf, 0.6)
+    exits = [e for e in failures if e["kind"] in ("unit_result", "exit")]
+    if cuda or kernel_hit or exits:
+        more, conf = _allocation_failure(f, cuda, exits, conf, sized=bool(insufficient or none_left or over_req))
+        lines += more
         if not fix:
-            util = flags.get("gpu_memory_utilization") or plan.get("gpu_memory_utilization")
-            fix.append(
-                "Weights + KV cache + activations exceeded the memory that was really there: lower"
-                " --gpu-memory-utilization%s, or re-plan with uma.vllm.vllm_flags (it leaves reserve_bytes"
-                " for the OS) and apply its flags." % (" (now %s)" % util if util else "")
-            )
+            fix.append(_lower_utilization_fix(f))
     if not lines:
         lines = _lines(*failures[:2])
     if not fix:
