@@ -49,6 +49,74 @@ def _md_escape(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def _watchdog_section(wd: Dict[str, Any]) -> List[str]:
+    """What the engine watchdog saw and did: one summary line, the last reason, the actions as a table."""
+    out = ["## Engine watchdog", ""]
+    out.append(
+        "Phase **%s**%s; %d wedges, %d restarts (%d for memory), %d evictions%s."
+        % (
+            wd.get("phase") or "unknown (state.json unreadable)",
+            " (GAVE UP: every rank left stopped)" if wd.get("gave_up") else "",
+            wd.get("wedges") or 0,
+            wd.get("restarts") or 0,
+            wd.get("floor_restarts") or 0,
+            wd.get("evictions") or 0,
+            "; %d unreadable records skipped" % wd["unreadable"] if wd.get("unreadable") else "",
+        )
+    )
+    if wd.get("reason"):
+        out += ["", "Last reason: %s" % wd["reason"]]
+    if wd.get("events"):
+        out += ["", "| at | action | reason | evidence |", "| --- | --- | --- | --- |"]
+        for e in wd["events"]:
+            out.append(
+                "| %s | %s | %s | %s |"
+                % (
+                    e.get("at") or "",
+                    e["action"],
+                    _md_escape(e["reason"][:200]),
+                    _md_escape("; ".join(e["evidence"])[:400]),
+                )
+            )
+        if wd.get("events_omitted"):
+            out.append("")
+            out.append("(%d older actions not listed)" % wd["events_omitted"])
+    out.append("")
+    return out
+
+
+def _others_section(others: List[Dict[str, Any]]) -> List[str]:
+    if not others:
+        return []
+    out = ["## Other findings", "", "| class | confidence | first evidence |", "| --- | --- | --- |"]
+    for o in others:
+        first = o["evidence"][0] if o["evidence"] else ""
+        out.append("| `%s` | %.2f | %s |" % (o["class"], o["confidence"], _md_escape(first[:160])))
+    out.append("")
+    return out
+
+
+def _settings_section(settings: Dict[str, Any]) -> List[str]:
+    out = ["## Settings in force", "", "| setting | value |", "| --- | --- |"]
+    for group in ("flags", "plan", "sysctl", "guard"):
+        for key, value in sorted((settings.get(group) or {}).items()):
+            shown = value
+            if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                shown = "%s (%s)" % (value, fmt_bytes(value))
+            out.append("| %s.%s | %s |" % (group, key, _md_escape(shown)))
+    return out
+
+
+def _sources_section(summary: Dict[str, Any]) -> List[str]:
+    out = ["", "## What was read", "", "| source | value |", "| --- | --- |"]
+    for key, value in summary.items():
+        if value is not None:
+            shown = fmt_bytes(value) if key.endswith("_bytes") else value
+            out.append("| %s | %s |" % (key, _md_escape(shown)))
+    out.append("")
+    return out
+
+
 def render_markdown(host: str, result: Dict[str, Any], timeline_file: Optional[str] = None) -> str:
     """A report a person reads at a glance: verdict, fix, evidence, then the details."""
     s = result["summary"]
@@ -66,57 +134,9 @@ def render_markdown(host: str, result: Dict[str, Any], timeline_file: Optional[s
     out += ["```", ""]
     if timeline_file:
         out += ["## Memory during the load", "", "![memory timeline](%s)" % timeline_file, ""]
-    wd = result.get("watchdog")
-    if wd:
-        out += ["## Engine watchdog", ""]
-        out.append(
-            "Phase **%s**%s; %d wedges, %d restarts (%d for memory), %d evictions%s."
-            % (
-                wd.get("phase") or "unknown (state.json unreadable)",
-                " (GAVE UP: every rank left stopped)" if wd.get("gave_up") else "",
-                wd.get("wedges") or 0,
-                wd.get("restarts") or 0,
-                wd.get("floor_restarts") or 0,
-                wd.get("evictions") or 0,
-                "; %d unreadable records skipped" % wd["unreadable"] if wd.get("unreadable") else "",
-            )
-        )
-        if wd.get("reason"):
-            out += ["", "Last reason: %s" % wd["reason"]]
-        if wd.get("events"):
-            out += ["", "| at | action | reason | evidence |", "| --- | --- | --- | --- |"]
-            for e in wd["events"]:
-                out.append(
-                    "| %s | %s | %s | %s |"
-                    % (
-                        e.get("at") or "",
-                        e["action"],
-                        _md_escape(e["reason"][:200]),
-                        _md_escape("; ".join(e["evidence"])[:400]),
-                    )
-                )
-            if wd.get("events_omitted"):
-                out.append("")
-                out.append("(%d older actions not listed)" % wd["events_omitted"])
-        out.append("")
-    if result["others"]:
-        out += ["## Other findings", "", "| class | confidence | first evidence |", "| --- | --- | --- |"]
-        for o in result["others"]:
-            first = o["evidence"][0] if o["evidence"] else ""
-            out.append("| `%s` | %.2f | %s |" % (o["class"], o["confidence"], _md_escape(first[:160])))
-        out.append("")
-    out += ["## Settings in force", "", "| setting | value |", "| --- | --- |"]
-    settings = result["settings"]
-    for group in ("flags", "plan", "sysctl", "guard"):
-        for key, value in sorted((settings.get(group) or {}).items()):
-            shown = value
-            if key.endswith("_bytes") and isinstance(value, (int, float)) and not isinstance(value, bool):
-                shown = "%s (%s)" % (value, fmt_bytes(value))
-            out.append("| %s.%s | %s |" % (group, key, _md_escape(shown)))
-    out += ["", "## What was read", "", "| source | value |", "| --- | --- |"]
-    for key, value in s.items():
-        if value is not None:
-            shown = fmt_bytes(value) if key.endswith("_bytes") else value
-            out.append("| %s | %s |" % (key, _md_escape(shown)))
-    out.append("")
+    if result.get("watchdog"):
+        out += _watchdog_section(result["watchdog"])
+    out += _others_section(result["others"])
+    out += _settings_section(result["settings"])
+    out += _sources_section(s)
     return "\n".join(out)
