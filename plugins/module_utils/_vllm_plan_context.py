@@ -6,8 +6,9 @@
 
 ``_vllm_plan_inputs.resolve_inputs`` fills a ``PlanContext``; the KV cache arithmetic
 (``_vllm_plan_kv``), the memory budget (``_vllm_plan_budget``) and the rendering
-(``_vllm_plan_render``) only read it (the budget step sets ``block_size`` and
-``reserve_bytes`` once they are known). Pure stdlib, imports under Python 3.8.
+(``_vllm_plan_render``) only read it, except ``block_size`` (set by ``kv_layout`` once
+hybrid alignment is known), ``reserve_bytes`` (derived by the budget step) and ``warnings``.
+Pure stdlib, imports under Python 3.8.
 """
 
 from __future__ import annotations
