@@ -227,6 +227,43 @@ def describe_model(config: Any, option: str = "model_config") -> Dict[str, Any]:
         raise _fail(option, config, "is not a config.json mapping", "Give the parsed content of config.json.")
     top = config
     cfg = text_config(config)
+    architecture, model_type = _identity(cfg, top)
+    geometry = _attention_geometry(cfg, option)
+    mla = _mla_latent(cfg, model_type, architecture, option)
+    kinds = layer_kinds(cfg, model_type, geometry["num_layers"], mla is not None)
+    if "mla" in kinds and mla is None:
+        raise _fail(
+            option,
+            "<missing kv_lora_rank>",
+            "the layers are MLA but the config has no kv_lora_rank",
+            "Give kv_lora_rank and qk_rope_head_dim in model_config.",
+        )
+    sliding_window = _int(cfg, "sliding_window", option) if "sliding" in kinds else None
+    state = _state_geometry(cfg, kinds, model_type, option)
+    hidden = geometry["hidden_size"]
+    intermediate = _mlp_width(cfg, hidden)
+    return {
+        "architecture": architecture,
+        "model_type": model_type,
+        "dtype": _dtype_name(cfg, top),
+        "num_layers": geometry["num_layers"],
+        "layer_kinds": kinds,
+        "num_heads": geometry["num_heads"],
+        "num_kv_heads": geometry["num_kv_heads"],
+        "head_dim": geometry["head_dim"],
+        "mla": mla,
+        "sliding_window": sliding_window,
+        "state": state,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate if isinstance(intermediate, int) else 4 * hidden,
+        "vocab_size": cfg.get("vocab_size") if isinstance(cfg.get("vocab_size"), int) else 32000,
+        "max_position_embeddings": _max_position(cfg),
+        "is_hybrid": state is not None,
+    }
+
+
+def _identity(cfg: Dict[str, Any], top: Dict[str, Any]) -> Tuple[str, str]:
+    """The first architecture class name and the (lower-case) model_type."""
     archs = top.get("architectures") or cfg.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
@@ -234,7 +271,11 @@ def describe_model(config: Any, option: str = "model_config") -> Dict[str, Any]:
     model_type = str(cfg.get("model_type") or top.get("model_type") or "").lower()
     if not model_type:
         model_type = _model_type_from_architecture(architecture)
+    return architecture, model_type
 
+
+def _attention_geometry(cfg: Dict[str, Any], option: str) -> Dict[str, int]:
+    """Layers, attention heads, KV heads, hidden size and head size."""
     num_layers = _int(cfg, "num_hidden_layers", option)
     num_heads = _int(cfg, "num_attention_heads", option)
     num_kv_heads = cfg.get("num_key_value_heads")
@@ -253,90 +294,89 @@ def describe_model(config: Any, option: str = "model_config") -> Dict[str, Any]:
             )
         head_dim = hidden // num_heads
     head_dim = _int({"head_dim": head_dim}, "head_dim", option)
+    return {
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "num_kv_heads": num_kv_heads,
+        "hidden_size": hidden,
+        "head_dim": head_dim,
+    }
 
+
+def _mla_latent(cfg: Dict[str, Any], model_type: str, architecture: str, option: str) -> Optional[Dict[str, int]]:
+    """The MLA latent size (kv_lora_rank, qk_rope_head_dim), or None when attention is not MLA."""
     kv_lora_rank = cfg.get("kv_lora_rank")
     is_mla = kv_lora_rank is not None and (
         model_type in MLA_MODEL_TYPES
         or "deepseek" in architecture.lower()
         or "mla" in str(cfg.get("layer_types", "")).lower()
     )
-    mla = None
-    if is_mla:
-        mla = {
-            "kv_lora_rank": _int(cfg, "kv_lora_rank", option),
-            "qk_rope_head_dim": _int(cfg, "qk_rope_head_dim", option),
-        }
-    kinds = layer_kinds(cfg, model_type, num_layers, is_mla)
-    if "mla" in kinds and mla is None:
-        raise _fail(
-            option,
-            "<missing kv_lora_rank>",
-            "the layers are MLA but the config has no kv_lora_rank",
-            "Give kv_lora_rank and qk_rope_head_dim in model_config.",
-        )
+    if not is_mla:
+        return None
+    return {
+        "kv_lora_rank": _int(cfg, "kv_lora_rank", option),
+        "qk_rope_head_dim": _int(cfg, "qk_rope_head_dim", option),
+    }
 
-    sliding_window = None
-    if "sliding" in kinds:
-        sliding_window = _int(cfg, "sliding_window", option)
 
+def _state_geometry(cfg: Dict[str, Any], kinds: List[str], model_type: str, option: str) -> Optional[Dict[str, Any]]:
+    """The recurrent state of linear-attention / mamba layers (mamba wins when both appear)."""
     state = None
     if "linear" in kinds:
-        state = {
-            "family": "gated_delta_net",
-            "num_k_heads": _int(cfg, "linear_num_key_heads", option),
-            "num_v_heads": _int(cfg, "linear_num_value_heads", option),
-            "head_k_dim": _int(cfg, "linear_key_head_dim", option),
-            "head_v_dim": _int(cfg, "linear_value_head_dim", option),
-            "conv_kernel": _int(cfg, "linear_conv_kernel_dim", option),
-            # Qwen3.5 pins the recurrent state dtype in its config (mamba_ssm_dtype
-            # float32, honoured by Qwen3_5ForConditionalGenerationConfig in
-            # model_executor/models/config.py); assumed when a summary omits it.
-            "ssm_dtype": cfg.get("mamba_ssm_dtype") or ("float32" if model_type.startswith("qwen3_5") else None),
-        }
+        state = _gated_delta_net_state(cfg, model_type, option)
     if "mamba" in kinds:
-        mamba_heads = _int(cfg, "mamba_num_heads", option)
-        mamba_head_dim = _int(cfg, "mamba_head_dim", option)
-        state = {
-            "family": "mamba2",
-            "intermediate": mamba_heads * mamba_head_dim,
-            "n_groups": _int(cfg, "n_groups", option),
-            "num_heads": mamba_heads,
-            "head_dim": mamba_head_dim,
-            "state_size": _int(cfg, "ssm_state_size", option),
-            "conv_kernel": _int(cfg, "conv_kernel", option),
-            # NemotronH defaults its SSM state to float32 (NemotronHForCausalLMConfig).
-            "ssm_dtype": cfg.get("mamba_ssm_cache_dtype") or ("float32" if model_type == "nemotron_h" else None),
-        }
+        state = _mamba2_state(cfg, model_type, option)
+    return state
 
+
+def _gated_delta_net_state(cfg: Dict[str, Any], model_type: str, option: str) -> Dict[str, Any]:
+    return {
+        "family": "gated_delta_net",
+        "num_k_heads": _int(cfg, "linear_num_key_heads", option),
+        "num_v_heads": _int(cfg, "linear_num_value_heads", option),
+        "head_k_dim": _int(cfg, "linear_key_head_dim", option),
+        "head_v_dim": _int(cfg, "linear_value_head_dim", option),
+        "conv_kernel": _int(cfg, "linear_conv_kernel_dim", option),
+        # Qwen3.5 pins the recurrent state dtype in its config (mamba_ssm_dtype
+        # float32, honoured by Qwen3_5ForConditionalGenerationConfig in
+        # model_executor/models/config.py); assumed when a summary omits it.
+        "ssm_dtype": cfg.get("mamba_ssm_dtype") or ("float32" if model_type.startswith("qwen3_5") else None),
+    }
+
+
+def _mamba2_state(cfg: Dict[str, Any], model_type: str, option: str) -> Dict[str, Any]:
+    mamba_heads = _int(cfg, "mamba_num_heads", option)
+    mamba_head_dim = _int(cfg, "mamba_head_dim", option)
+    return {
+        "family": "mamba2",
+        "intermediate": mamba_heads * mamba_head_dim,
+        "n_groups": _int(cfg, "n_groups", option),
+        "num_heads": mamba_heads,
+        "head_dim": mamba_head_dim,
+        "state_size": _int(cfg, "ssm_state_size", option),
+        "conv_kernel": _int(cfg, "conv_kernel", option),
+        # NemotronH defaults its SSM state to float32 (NemotronHForCausalLMConfig).
+        "ssm_dtype": cfg.get("mamba_ssm_cache_dtype") or ("float32" if model_type == "nemotron_h" else None),
+    }
+
+
+def _mlp_width(cfg: Dict[str, Any], hidden: int) -> Any:
+    """The MLP width one token passes through: intermediate_size, or experts x top-k for MoE."""
     intermediate = cfg.get("intermediate_size") or 4 * hidden
     moe_inter = cfg.get("moe_intermediate_size")
     topk = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or cfg.get("moe_topk")
     if isinstance(moe_inter, int) and isinstance(topk, int):
         intermediate = max(intermediate if isinstance(intermediate, int) else 0, moe_inter * topk)
+    return intermediate
 
+
+def _max_position(cfg: Dict[str, Any]) -> Optional[int]:
+    """The smallest of the config's max-length keys (None when it has none)."""
     max_len = None
     for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
         if isinstance(cfg.get(key), int) and cfg[key] > 0:
             max_len = cfg[key] if max_len is None else min(max_len, cfg[key])
-
-    return {
-        "architecture": architecture,
-        "model_type": model_type,
-        "dtype": _dtype_name(cfg, top),
-        "num_layers": num_layers,
-        "layer_kinds": kinds,
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "head_dim": head_dim,
-        "mla": mla,
-        "sliding_window": sliding_window,
-        "state": state,
-        "hidden_size": hidden,
-        "intermediate_size": intermediate if isinstance(intermediate, int) else 4 * hidden,
-        "vocab_size": cfg.get("vocab_size") if isinstance(cfg.get("vocab_size"), int) else 32000,
-        "max_position_embeddings": max_len,
-        "is_hybrid": state is not None,
-    }
+    return max_len
 
 
 def _model_type_from_architecture(architecture: str) -> str:
