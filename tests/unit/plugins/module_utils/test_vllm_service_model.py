@@ -117,7 +117,7 @@ def test_engine_command_native_and_container():
     assert command[:5] == ["/usr/bin/docker", "run", "--rm", "--name", "uma-vllm-a"]
     assert command[-3:] == [DOCKER["image"], "vllm", "serve"] and flag == ""
     assert command.index("A") < command.index("B")  # env names sorted, values never on the line
-    command, _ = model.engine_command(e, DOCKER, [], "S", False)
+    command = model.engine_command(e, DOCKER, [], "S", False)[0]
     assert command[-5:] == [DOCKER["image"], "-c", "S", "vllm", "serve"]
     assert command[command.index("--entrypoint") + 1] == "/bin/sh"
 
