@@ -1,631 +1,58 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters of the uma.vllm.vllm_service role: which engines a host runs, what is wrong
-with their definitions, the launcher config of each (native or container runtime,
-single node, multi-node mp ranks or a Ray cluster) and which of them must restart.
-
-Pure functions on plain data (tests/unit/plugins/filter/test_vllm_service.py).
+"""Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
+plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins)
+and _vllm_service_state.py (fingerprints, restarts, unit states, status). A refusal of the
+model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
 
 from __future__ import annotations
 
-import re
-import shlex
-from typing import Any, Dict, List, Optional
+import functools
+from typing import Any, Callable
 
-from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
+from ansible.errors import AnsibleFilterError
 
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # pragma: no cover - the unit tests run with ansible installed
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
-MULTINODE_BARE = ("--headless",)
-HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
-CONTAINER_PREFIX = "uma-vllm-"
-DEFAULT_MASTER_PORT = 29501
-DEFAULT_RAY_PORT = 6379
-# The launchers' rank link (plugins/module_utils/_ranks.py) listens on rank 0 at master_port + this.
-LINK_PORT_OFFSET = 10
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
 
 
-def _err(option: str, value: Any, problem: str, fix: str) -> str:
-    return "%s = %r %s. Fix: %s" % (option, value, problem, fix)
+def as_filter(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` with the model's refusals raised as AnsibleFilterError (same message)."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except EngineModelError as err:
+            raise AnsibleFilterError(str(err)) from None
+
+    return wrapper
 
 
-def host_engines(engines: Any, hostname: str, default_backend: str = "mp") -> List[Dict[str, Any]]:
-    """The engines this host runs, in the given order, with their rank when they span nodes.
-
-    An engine without ``nodes`` runs on every host that has it in its vars; an engine with
-    ``nodes`` runs on those hosts only, rank = position in the list (rank 0 serves the API).
-    """
-    if not isinstance(engines, list):
-        raise AnsibleFilterError(
-            _err("vllm_service_engines", engines, "is not a list", "Give a list of engine mappings.")
-        )
-    out = []
-    for index, raw in enumerate(engines):
-        if not isinstance(raw, dict):
-            raise AnsibleFilterError(
-                _err("vllm_service_engines[%d]" % index, raw, "is not a mapping", "Give name, port, model_path ...")
-            )
-        engine = dict(raw)
-        nodes = engine.get("nodes") or []
-        if nodes and hostname not in nodes:
-            continue
-        engine["state"] = engine.get("state") or "started"
-        if isinstance(engine.get("port"), str) and engine["port"].isdigit():
-            engine["port"] = int(engine["port"])
-        engine["env"] = dict(engine.get("env") or {})
-        # Only the names of secrets travel in facts and loop items; their values stay in
-        # vllm_service_engines and reach the node only through the no_log EnvironmentFile task.
-        secrets = engine.pop("secrets", None) or {}
-        engine["secret_keys"] = list(secrets) if isinstance(secrets, dict) else ["<not a mapping>"]
-        engine["secret_names"] = (
-            sorted(str(k) for k, v in secrets.items() if v is not None and str(v) != "")
-            if isinstance(secrets, dict) else []
-        )  # fmt: skip
-        engine["plan"] = dict(engine.get("plan") or {})
-        engine["cluster"] = None
-        engine["api_rank"] = True
-        if len(nodes) > 1:
-            engine["cluster"] = {
-                "nodes": list(nodes),
-                "nnodes": len(nodes),
-                "rank": list(nodes).index(hostname),
-                "head": nodes[0],
-                "backend": engine.get("backend") or default_backend or "mp",
-                "master_port": int(engine.get("master_port") or DEFAULT_MASTER_PORT),
-                "ray_port": int(engine.get("ray_port") or DEFAULT_RAY_PORT),
-            }
-            engine["cluster"]["link_port"] = int(
-                engine.get("link_port") or engine["cluster"]["master_port"] + LINK_PORT_OFFSET
-            )
-            engine["api_rank"] = engine["cluster"]["rank"] == 0
-        out.append(engine)
-    return out
-
-
-def secrets(engines: Any, name: str, hostname: str) -> Dict[str, str]:
-    """The non-empty secrets of this host's engine ``name`` (for the no_log EnvironmentFile task)."""
-    for engine in engines or []:
-        if not isinstance(engine, dict) or engine.get("name") != name:
-            continue
-        nodes = engine.get("nodes") or []
-        if nodes and hostname not in nodes:
-            continue
-        found = engine.get("secrets") or {}
-        return {str(k): str(v) for k, v in found.items() if v is not None and str(v) != ""}
-    return {}
-
-
-def check(
-    engines: List[Dict[str, Any]], settings: Dict[str, Any], known_hosts: Any, addrs: Dict[str, Any]
-) -> List[str]:
-    """Every problem of this host's engine definitions, each naming option, value and fix."""
-    errors: List[str] = []
-    seen_names: Dict[str, int] = {}
-    seen_ports: Dict[int, str] = {}
-    known = set(known_hosts or [])
-    for index, engine in enumerate(engines):
-        where = "vllm_service_engines[%s]" % (engine.get("name") or index)
-        name = engine.get("name")
-        if not isinstance(name, str) or not NAME_RE.match(name):
-            errors.append(
-                _err(where + ".name", name, "is not a valid engine name",
-                     "Use up to 64 letters, digits, '.', '_' or '-', starting with a letter or digit.")
-            )  # fmt: skip
-        elif name in seen_names:
-            errors.append(
-                _err(where + ".name", name, "is defined twice for this host", "Give each engine its own name.")
-            )
-        else:
-            seen_names[name] = index
-        if engine.get("state") == "absent":
-            continue
-        port = engine.get("port")
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            errors.append(_err(where + ".port", port, "is not a TCP port", "Use a number from 1 to 65535."))
-        elif port in seen_ports:
-            errors.append(
-                _err(where + ".port", port, "is already the port of engine %s on this host" % seen_ports[port],
-                     "Give every engine on a node its own port.")
-            )  # fmt: skip
-        else:
-            seen_ports[port] = name
-        model_path = engine.get("model_path")
-        if not isinstance(model_path, str) or not model_path.startswith("/"):
-            errors.append(
-                _err(where + ".model_path", model_path, "is not an absolute path",
-                     "Give the model directory on the node, e.g. /models/Qwen3-32B.")
-            )  # fmt: skip
-        for kind, keys in (("env", list(engine.get("env") or {})), ("secrets", engine.get("secret_keys") or [])):
-            for key in keys:
-                if not isinstance(key, str) or not ENV_RE.match(key):
-                    errors.append(
-                        _err(where + "." + kind, key, "is not an environment variable name",
-                             "Use letters, digits and '_', not starting with a digit.")
-                    )  # fmt: skip
-        overlap = sorted(set(engine.get("env") or {}) & set(engine.get("secret_keys") or []))
-        if overlap:
-            errors.append(
-                _err(where + ".secrets", overlap, "are also in env",
-                     "Keep secrets in secrets only (they go to the 0600 EnvironmentFile).")
-            )  # fmt: skip
-        runtime = engine.get("runtime") or settings.get("runtime")
-        if runtime not in ("container", "native"):
-            errors.append(_err(where + ".runtime", runtime, "is not container or native", "Use container or native."))
-        if runtime == "container" and not (engine.get("image") or settings.get("image")):
-            errors.append(
-                _err(where + ".image", engine.get("image"), "is empty while the runtime is container",
-                     "Set vllm_service_image (e.g. nvcr.io/nvidia/vllm:<tag>) or the engine's image.")
-            )  # fmt: skip
-        command = engine.get("command")
-        if command is not None and (
-            not isinstance(command, list) or not all(isinstance(w, str) and w for w in command)
-        ):
-            errors.append(_err(where + ".command", command, "is not a list of words", "Give e.g. [vllm, serve]."))
-        if runtime == "native" and command is None and not settings.get("native_command"):
-            errors.append(
-                _err("vllm_service_native_command", settings.get("native_command"), "is empty",
-                     "Give the engine command before the model, e.g. [/opt/vllm/bin/vllm, serve].")
-            )  # fmt: skip
-        errors.extend(_check_secrets(where, engine))
-        nodes = engine.get("nodes") or []
-        if nodes:
-            errors.extend(_check_nodes(where, engine, nodes, known, addrs))
-    return errors
-
-
-# Secrets travel only through the 0600 EnvironmentFile (issue 10): a secret-looking env key or a
-# secret flag on the command line is refused, naming the key or flag, never echoing its value.
-SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
-
-
-def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
-    errors = []
-    for key in engine.get("env") or {}:
-        if isinstance(key, str) and SECRET_ENV_RE.search(key) and key not in (engine.get("secret_keys") or []):
-            errors.append(
-                "%s.env: %s looks like a secret; env values go to the engine's 0644 config and launch record."
-                " Fix: move it to %s.secrets (only the 0600 EnvironmentFile gets those)." % (where, key, where)
-            )
-    words = list((engine.get("plan") or {}).get("extra_args") or []) + list(engine.get("command") or [])
-    for word in words:
-        flag = str(word).split("=", 1)[0]
-        flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
-        if flag in SECRET_FLAGS:
-            errors.append(
-                "%s: %s puts a secret on the command line (ps, journal, 0644 config). Fix: drop it and set"
-                " %s.secrets.%s; vLLM reads it from the environment." % (where, flag, where, SECRET_FLAGS[flag])
-            )
-    return errors
-
-
-def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any]) -> List[str]:
-    errors = []
-    if not isinstance(nodes, list) or len(nodes) < 2:
-        return [
-            _err(where + ".nodes", nodes, "must list at least two hosts",
-                 "Drop nodes for a single-node engine, or list the hosts in rank order.")
-        ]  # fmt: skip
-    if len(set(nodes)) != len(nodes):
-        errors.append(_err(where + ".nodes", nodes, "lists a host twice", "List each host once, rank 0 first."))
-    unknown = [n for n in nodes if n not in known]
-    if unknown:
-        errors.append(_err(where + ".nodes", unknown, "are not hosts of this inventory", "Use inventory host names."))
-    backend = engine.get("backend") or "mp"
-    if backend not in ("mp", "ray"):
-        errors.append(_err(where + ".backend", backend, "is not mp or ray", "Use mp (vLLM >= 0.12) or ray."))
-    head = nodes[0]
-    if head in known and not addrs.get(head):
-        errors.append(
-            _err("uma_cluster_addr", None, "is unknown for rank-0 host %s of engine %s" % (head, engine.get("name")),
-                 "Set uma_cluster_addr (its ConnectX address) in host_vars/%s.yml." % head)
-        )  # fmt: skip
-    ports = {}
-    for key in ("port", "master_port", "link_port", "ray_port"):
-        value = engine.get(key)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-            if key != "port":  # the API port is checked with every engine
-                errors.append(_err(where + "." + key, value, "is not a TCP port", "Use a number from 1 to 65535."))
-        elif value in ports:
-            errors.append(
-                _err(where + "." + key, value, "is also the engine's %s" % ports[value],
-                     "Give port, master_port, link_port and ray_port different numbers.")
-            )  # fmt: skip
-        else:
-            ports[value] = key
-    plan = engine.get("plan") or {}
-    world = int(plan.get("tensor_parallel_size") or 1) * int(plan.get("pipeline_parallel_size") or 1)
-    if world % len(nodes) or world < len(nodes):
-        errors.append(
-            _err(where + ".plan.tensor_parallel_size", plan.get("tensor_parallel_size", 1),
-                 "x pipeline_parallel_size %s does not spread over %d nodes"
-                 % (plan.get("pipeline_parallel_size", 1), len(nodes)),
-                 "Make tensor_parallel_size x pipeline_parallel_size a multiple of the node count "
-                 "(one GPU per DGX Spark: tensor_parallel_size %d)." % len(nodes))
-        )  # fmt: skip
-    if plan.get("distributed_executor_backend"):
-        errors.append(
-            _err(where + ".plan.distributed_executor_backend", plan.get("distributed_executor_backend"),
-                 "is set by the role for multi-node engines", "Choose with the engine's backend: mp or ray.")
-        )  # fmt: skip
-    return errors
-
-
-# --------------------------------------------------------------------------
-# Command lines
-
-
-def planned_args(argv: Any) -> List[str]:
-    """The flags of a vllm_flags argv ``[vllm, serve, MODEL, flags...]``."""
-    if not isinstance(argv, list) or len(argv) < 3 or list(argv[:2]) != ["vllm", "serve"]:
-        raise AnsibleFilterError("vllm_flags returned %r, not [vllm, serve, MODEL, ...]" % (argv,))
-    return [str(word) for word in argv[3:]]
-
-
-def ray_args(args: List[str]) -> List[str]:
-    """Planned multi-node mp flags -> the flags of the Ray head: vLLM refuses --nnodes with Ray
-    ('nnodes > 1 can only be set when distributed executor backend is mp, uni or external_launcher');
-    Ray places the ranks itself."""
-    return [*strip_flags(args, MULTINODE_WITH_VALUE, MULTINODE_BARE), "--distributed-executor-backend", "ray"]
-
-
-def cluster_env(
-    cluster: Optional[Dict[str, Any]], settings: Dict[str, Any], head_addr: Optional[str]
-) -> Dict[str, str]:
-    """Interface and address variables of NVIDIA's two-Spark recipe, per host."""
-    if not cluster:
-        return {}
-    env: Dict[str, str] = {}
-    ifnames = settings.get("ifnames") or {}
-    for key, kind in (
-        ("NCCL_SOCKET_IFNAME", "nccl"),
-        ("GLOO_SOCKET_IFNAME", "gloo"),
-        ("TP_SOCKET_IFNAME", "gloo"),
-        ("UCX_NET_DEVICES", "ucx"),
-        ("OMPI_MCA_btl_tcp_if_include", "nccl"),
-    ):
-        if ifnames.get(kind):
-            env[key] = str(ifnames[kind])
-    node_addr = settings.get("node_addr")
-    if node_addr:
-        env["VLLM_HOST_IP"] = str(node_addr)
-    if head_addr:
-        env["MASTER_ADDR"] = str(head_addr)
-    if cluster["backend"] == "ray":
-        env["RAY_memory_monitor_refresh_ms"] = "0"
-        if node_addr:
-            env["RAY_NODE_IP_ADDRESS"] = str(node_addr)
-            env["RAY_OVERRIDE_NODE_IP_ADDRESS"] = str(node_addr)
-    return env
-
-
-def container_name(name: str) -> str:
-    return CONTAINER_PREFIX + name
-
-
-def container_prefix(
-    settings: Dict[str, Any], name: str, model_path: str, env_names: List[str], image: str, entrypoint: Optional[str]
-) -> List[str]:
-    """``docker run`` / ``podman run`` up to and including the image."""
-    kind = settings.get("container_engine") or "docker"
-    argv = [
-        settings.get("container_bin") or "/usr/bin/%s" % kind,
-        "run", "--rm", "--name", container_name(name),
-        "--network", "host", "--ipc", "host",
-    ]  # fmt: skip
-    gpus = settings.get("container_gpus")
-    if gpus:
-        argv += ["--gpus", str(gpus)] if kind == "docker" else ["--device", "nvidia.com/gpu=%s" % gpus]
-    argv += ["-v", "%s:%s:ro" % (model_path, model_path)]
-    if settings.get("hf_cache"):
-        argv += ["-v", "%s:%s" % (settings["hf_cache"], HF_CACHE_IN_CONTAINER)]
-    for key in sorted(env_names):
-        argv += ["-e", key]  # the value comes from the launcher's environment, never the command line
-    if settings.get("oom_score_adj") not in (None, ""):
-        # who dies first: the engine's processes (positive), never the watchdog or the guard
-        argv += ["--oom-score-adj", str(int(settings["oom_score_adj"]))]
-    argv += [str(word) for word in settings.get("container_options") or []]
-    if entrypoint:
-        argv += ["--entrypoint", entrypoint]
-    argv.append(image)
-    return argv
-
-
-def _container_command(settings: Dict[str, Any], engine: Dict[str, Any], image: str) -> List[str]:
-    if engine.get("command") is not None:
-        return list(engine["command"])
-    if settings.get("container_command") is not None:
-        return list(settings["container_command"])
-    # vllm/vllm-openai's entrypoint already is `vllm serve`; NGC's runs the given command
-    return [] if "vllm-openai" in image else ["vllm", "serve"]
-
-
-def launch_config(
-    engine: Dict[str, Any], plan: Dict[str, Any], settings: Dict[str, Any], addrs: Dict[str, Any]
-) -> Dict[str, Any]:
-    """The engine mapping for uma.vllm.launch_wrapper (tasks_from: engine)."""
-    name = engine["name"]
-    cluster = engine.get("cluster")
-    runtime = engine.get("runtime") or settings["runtime"]
-    args = planned_args(plan["argv"])
-    head_addr = addrs.get(cluster["head"]) if cluster else None
-    env = {str(k): str(v) for k, v in (plan.get("env") or engine.get("env") or {}).items()}
-    env.update(cluster_env(cluster, settings, head_addr))
-    host = engine.get("host") or settings.get("api_host") or "127.0.0.1"
-    port = int(engine["port"])
-    model_path = engine["model_path"]
-    ray = bool(cluster) and cluster["backend"] == "ray"
-    worker = bool(cluster) and cluster["rank"] > 0
-    script = None
-    if ray:
-        ray_cmd = " ".join(shlex.quote(str(w)) for w in (settings.get("ray_command") or ["ray"]))
-        node_addr = settings.get("node_addr")
-        ip_opt = " --node-ip-address=%s" % shlex.quote(str(node_addr)) if node_addr else ""
-        if worker:
-            # NVIDIA's recipe (vLLM examples/online_serving/run_cluster.sh): the worker only joins
-            # the Ray cluster; words the launcher appends after the script are ignored by sh.
-            script = "exec %s start --block --address=%s:%d%s" % (
-                ray_cmd, shlex.quote(str(head_addr)), cluster["ray_port"], ip_opt)  # fmt: skip
-        else:
-            script = '%s start --head --port=%d%s && exec "$0" "$@"' % (ray_cmd, cluster["ray_port"], ip_opt)
-            args = ray_args(args)
-    secret_names = list(engine.get("secret_names") or [])
-    if runtime == "container":
-        image = engine.get("image") or settings["image"]
-        prefix = container_prefix(
-            settings, name, model_path, [*env, *secret_names], image, "/bin/sh" if script else None
-        )
-        if script:
-            command = [*prefix, "-c", script, *(["vllm", "serve"] if not (ray and worker) else ["sh"])]
-        else:
-            command = prefix + _container_command(settings, engine, image)
-        # `vllm serve MODEL` in the image unless the engine's command wants e.g. --model
-        model_flag = engine.get("model_flag") if engine.get("model_flag") is not None and not script else ""
-    else:
-        native = list(engine.get("command") or settings.get("native_command") or [])
-        model_flag = engine.get("model_flag")
-        if model_flag is None:
-            model_flag = settings.get("native_model_flag") or ""
-        if script:
-            command = ["/bin/sh", "-c", script, *(native if not worker else ["sh"])]
-        else:
-            command = native
-    config: Dict[str, Any] = {
-        "name": name,
-        "command": [str(w) for w in command],
-        "model_path": model_path,
-        "model_flag": model_flag,
-        "host": host,
-        "port": port,
-        "args": [] if (ray and worker) else args,
-        "env": env,
-        # the budget (kept in every launch record) and vllm_flags' table of it
-        "plan": dict(plan.get("budget") or {}, table=plan.get("msg")) if plan.get("msg") else plan.get("budget"),
-    }
-    health_url = engine.get("health_url")
-    if not health_url:
-        if worker:
-            # a headless rank has no API: its load is done when rank 0 serves
-            api_host = host if host not in ("0.0.0.0", "::", "") else head_addr
-        else:
-            api_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        if ":" in str(api_host):
-            api_host = "[%s]" % api_host
-        health_url = "http://%s:%d/health" % (api_host, port)
-    config["health_url"] = health_url
-    for key in ("guard_mode", "readahead_kb", "pre_evict"):
-        if engine.get(key) is not None:
-            config[key] = engine[key]
-    if cluster:
-        # the launchers of the ranks meet on rank 0 before loading and stop together
-        config["cluster"] = {
-            "rank": cluster["rank"],
-            "nnodes": cluster["nnodes"],
-            "head_addr": head_addr,
-            "link_port": cluster["link_port"],
-            "peer_timeout_s": float(settings.get("peer_timeout_s") or 600),
-            # a Ray worker runs `ray start`, not the engine's argv: nothing to compare
-            "compare": not ray,
-        }
-    return config
-
-
-def launch_configs(
-    results: List[Dict[str, Any]], settings: Dict[str, Any], addrs: Dict[str, Any]
-) -> List[Dict[str, Any]]:
-    """launch_config for every registered uma.vllm.vllm_flags loop result (``item`` = the engine)."""
-    return [launch_config(r["item"], r, settings, addrs) for r in results]
-
-
-def head_addrs(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, Any]:
-    """Cluster-link address of each multi-node engine's rank-0 host: what that host found in this
-    play (``__vllm_service_node``), else its inventory's ``uma_cluster_addr``."""
-    out: Dict[str, Any] = {}
-    for engine in engines:
-        cluster = engine.get("cluster")
-        if not cluster or cluster["head"] in out:
-            continue
-        head = cluster["head"]
-        addr = None
-        if head in hostvars:
-            hv = hostvars[head]
-            node = hv.get("__vllm_service_node") if hasattr(hv, "get") else None
-            if isinstance(node, dict) and node.get("addr"):
-                addr = node["addr"]
-            elif hv.get("uma_cluster_addr"):
-                addr = hv.get("uma_cluster_addr")
-        out[head] = str(addr) if addr else None
-    return out
-
-
-def peers_changed(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, List[str]]:
-    """What every other rank's host found changed in this play (``__vllm_service_local_changed``)."""
-    out: Dict[str, List[str]] = {}
-    for engine in engines:
-        for node in (engine.get("cluster") or {}).get("nodes", []):
-            if node in out or node not in hostvars:
-                continue
-            hv = hostvars[node]
-            value = hv.get("__vllm_service_local_changed") if hasattr(hv, "get") else None
-            out[node] = list(value) if isinstance(value, list) else []
-    return out
-
-
-def config_state(
-    engines: List[Dict[str, Any]],
-    unit: Dict[str, Any],
-    drop_ins: Dict[str, Any],
-    env_files: Dict[str, Any],
-    json_before: Dict[str, Any],
-    json_after: Dict[str, Any],
-) -> Dict[str, Any]:
-    """Per engine: the fingerprint of the files it runs with (unit, drop-in, env file, config)
-    and whether this run wrote any of them. ``drop_ins``/``env_files`` are registered loop
-    results, ``json_*`` registered ``find`` results (get_checksum)."""
-
-    def by_name(results: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-        return {r["item"]["name"]: r for r in (results or {}).get("results", []) if "item" in r}
-
-    def checksums(found: Dict[str, Any]) -> Dict[str, str]:
-        out = {}
-        for f in (found or {}).get("files", []):
-            base = f["path"].rsplit("/", 1)[-1]
-            if base.endswith(".json"):
-                out[base[:-5]] = f.get("checksum")
-        return out
-
-    drops, envs = by_name(drop_ins), by_name(env_files)
-    before, after = checksums(json_before), checksums(json_after)
-    fingerprints: Dict[str, str] = {}
-    written: List[str] = []
-    for engine in engines:
-        name = engine["name"]
-        parts = [
-            (unit or {}).get("checksum"),
-            drops.get(name, {}).get("checksum"),
-            envs.get(name, {}).get("checksum"),
-            after.get(name),
-        ]
-        fingerprints[name] = "/".join(str(p) for p in parts)
-        if (
-            drops.get(name, {}).get("changed")
-            or envs.get(name, {}).get("changed")
-            or before.get(name) != after.get(name)
-        ):
-            written.append(name)
-    return {"fingerprints": fingerprints, "written": written, "unit_changed": bool((unit or {}).get("changed"))}
-
-
-def role_text(engine: Dict[str, Any]) -> str:
-    cluster = engine.get("cluster")
-    if not cluster:
-        return "single node"
-    if cluster["rank"] == 0:
-        what = "serves the API" if cluster["backend"] == "mp" else "Ray head, serves the API"
-    else:
-        what = "headless" if cluster["backend"] == "mp" else "Ray worker"
-    return "rank %d of %d, %s, %s" % (cluster["rank"], cluster["nnodes"], cluster["backend"], what)
-
-
-def images(engines: List[Dict[str, Any]], settings: Dict[str, Any]) -> List[str]:
-    """Images of this host's container-runtime engines, each once."""
-    out: List[str] = []
-    for engine in engines:
-        if (engine.get("runtime") or settings.get("runtime")) != "container":
-            continue
-        image = engine.get("image") or settings.get("image")
-        if image and image not in out:
-            out.append(image)
-    return out
-
-
-def status_entry(
-    config: Dict[str, Any], engines: List[Dict[str, Any]], restarted: List[str], health: List[Dict[str, Any]]
-) -> Dict[str, Any]:
-    """What vllm_service_status says about one engine."""
-    engine = next(e for e in engines if e["name"] == config["name"])
-    result = next((r for r in health if "rc" in r and (r.get("item") or {}).get("name") == config["name"]), None)
-    return {
-        "unit": "uma-vllm@%s.service" % config["name"],
-        "state": engine["state"],
-        "role": role_text(engine),
-        "health_url": config.get("health_url"),
-        "healthy": None if result is None else result["rc"] == 0,
-        "restarted": config["name"] in (restarted or []),
-        "port": config["port"],
-    }
-
-
-def drop_in(engine: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
-    """What the per-engine systemd drop-in needs to say."""
-    runtime = engine.get("runtime") or settings["runtime"]
-    out: Dict[str, Any] = {"role": role_text(engine), "runtime": runtime, "after": [], "requires": [], "cleanup": None}
-    if runtime == "container":
-        kind = settings.get("container_engine") or "docker"
-        binary = settings.get("container_bin") or "/usr/bin/%s" % kind
-        out["image"] = engine.get("image") or settings["image"]
-        out["cleanup"] = "%s rm -f %s" % (binary, container_name(engine["name"]))
-        if kind == "docker":
-            out["after"] = ["docker.service"]
-            out["requires"] = ["docker.service"]
-    return out
-
-
-def changed(
-    engines: List[Dict[str, Any]],
-    written: List[str],
-    unit_changed: bool,
-    fingerprints: Dict[str, str],
-    stamps: Dict[str, str],
-) -> List[str]:
-    """Started engines whose unit, drop-in, env file or config was written in this run, or whose
-    files differ from what the running engine was started with (a run that failed before its
-    restart, or the first start)."""
-    out = []
-    for engine in engines:
-        if engine.get("state") != "started":
-            continue
-        name = engine["name"]
-        if unit_changed or name in written or stamps.get(name) != fingerprints.get(name):
-            out.append(name)
-    return out
-
-
-def with_peers(engines: List[Dict[str, Any]], local: List[str], peers_changed: Dict[str, Any]) -> List[str]:
-    """A multi-node engine restarts on every node when any of its ranks changed."""
-    out = list(local)
-    for engine in engines:
-        cluster = engine.get("cluster")
-        if engine.get("state") != "started" or not cluster or engine["name"] in out:
-            continue
-        for node in cluster["nodes"]:
-            if engine["name"] in (peers_changed.get(node) or []):
-                out.append(engine["name"])
-                break
-    return out
-
-
-def unit_states(stdout: str, names: List[str]) -> Dict[str, Dict[str, str]]:
-    """``systemctl show -p Id -p ActiveState -p UnitFileState uma-vllm@a.service ...`` -> per engine."""
-    out: Dict[str, Dict[str, str]] = {}
-    for block in (stdout or "").split("\n\n"):
-        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
-        unit = props.get("Id", "")
-        if unit.startswith("uma-vllm@") and unit.endswith(".service"):
-            out[unit[len("uma-vllm@") : -len(".service")]] = props
-    for name in names:
-        out.setdefault(name, {"ActiveState": "inactive", "UnitFileState": ""})
-    return out
+host_engines = as_filter(model.host_engines)
+secrets = as_filter(model.secrets)
+check = as_filter(model.check)
+settings_errors = as_filter(model.settings_errors)
+engine_user = as_filter(model.engine_user)
+user_keys = as_filter(model.user_keys)
+hardening = as_filter(model.hardening)
+planned_args = as_filter(model.planned_args)
+ray_args = as_filter(model.ray_args)
+launch_config = as_filter(model.launch_config)
+launch_configs = as_filter(model.launch_configs)
+images = as_filter(model.images)
+drop_in = as_filter(model.drop_in)
+head_addrs = as_filter(state.head_addrs)
+peers_changed = as_filter(state.peers_changed)
+config_state = as_filter(state.config_state)
+status_entry = as_filter(state.status_entry)
+changed = as_filter(state.changed)
+with_peers = as_filter(state.with_peers)
+unit_states = as_filter(state.unit_states)
+container_name = model.container_name  # not a filter: the tests and integration tests use it
 
 
 class FilterModule:
@@ -633,6 +60,10 @@ class FilterModule:
         return {
             "vllm_service_host_engines": host_engines,
             "vllm_service_check": check,
+            "vllm_service_settings_errors": settings_errors,
+            "vllm_service_engine_user": engine_user,
+            "vllm_service_user_keys": user_keys,
+            "vllm_service_hardening": hardening,
             "vllm_service_secrets": secrets,
             "vllm_service_launch_configs": launch_configs,
             "vllm_service_head_addrs": head_addrs,

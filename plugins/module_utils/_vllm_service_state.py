@@ -1,0 +1,157 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the vllm_service role finds on a node and across its ranks: the rank-0 addresses, the
+fingerprint of each engine's files, which engines must restart, their unit states and the
+status it reports. Pure functions on registered task results (filters in
+plugins/filter/vllm_service.py; tests/unit/plugins/module_utils/test_vllm_service_model.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import role_text
+
+
+def head_addrs(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, Any]:
+    """Cluster-link address of each multi-node engine's rank-0 host: what that host found in this
+    play (``__vllm_service_node``), else its inventory's ``uma_cluster_addr``."""
+    out: Dict[str, Any] = {}
+    for engine in engines:
+        cluster = engine.get("cluster")
+        if not cluster or cluster["head"] in out:
+            continue
+        head = cluster["head"]
+        addr = None
+        if head in hostvars:
+            hv = hostvars[head]
+            node = hv.get("__vllm_service_node") if hasattr(hv, "get") else None
+            if isinstance(node, dict) and node.get("addr"):
+                addr = node["addr"]
+            elif hv.get("uma_cluster_addr"):
+                addr = hv.get("uma_cluster_addr")
+        out[head] = str(addr) if addr else None
+    return out
+
+
+def peers_changed(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, List[str]]:
+    """What every other rank's host found changed in this play (``__vllm_service_local_changed``)."""
+    out: Dict[str, List[str]] = {}
+    for engine in engines:
+        for node in (engine.get("cluster") or {}).get("nodes", []):
+            if node in out or node not in hostvars:
+                continue
+            hv = hostvars[node]
+            value = hv.get("__vllm_service_local_changed") if hasattr(hv, "get") else None
+            out[node] = list(value) if isinstance(value, list) else []
+    return out
+
+
+def config_state(
+    engines: List[Dict[str, Any]],
+    unit: Dict[str, Any],
+    drop_ins: Dict[str, Any],
+    env_files: Dict[str, Any],
+    json_before: Dict[str, Any],
+    json_after: Dict[str, Any],
+) -> Dict[str, Any]:
+    """Per engine: the fingerprint of the files it runs with (unit, drop-in, env file, config)
+    and whether this run wrote any of them. ``drop_ins``/``env_files`` are registered loop
+    results, ``json_*`` registered ``find`` results (get_checksum)."""
+
+    def by_name(results: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
+        return {r["item"]["name"]: r for r in (results or {}).get("results", []) if "item" in r}
+
+    def checksums(found: Dict[str, Any]) -> Dict[str, str]:
+        out = {}
+        for f in (found or {}).get("files", []):
+            base = f["path"].rsplit("/", 1)[-1]
+            if base.endswith(".json"):
+                out[base[:-5]] = f.get("checksum")
+        return out
+
+    drops, envs = by_name(drop_ins), by_name(env_files)
+    before, after = checksums(json_before), checksums(json_after)
+    fingerprints: Dict[str, str] = {}
+    written: List[str] = []
+    for engine in engines:
+        name = engine["name"]
+        parts = [
+            (unit or {}).get("checksum"),
+            drops.get(name, {}).get("checksum"),
+            envs.get(name, {}).get("checksum"),
+            after.get(name),
+        ]
+        fingerprints[name] = "/".join(str(p) for p in parts)
+        if (
+            drops.get(name, {}).get("changed")
+            or envs.get(name, {}).get("changed")
+            or before.get(name) != after.get(name)
+        ):
+            written.append(name)
+    return {"fingerprints": fingerprints, "written": written, "unit_changed": bool((unit or {}).get("changed"))}
+
+
+def status_entry(
+    config: Dict[str, Any], engines: List[Dict[str, Any]], restarted: List[str], health: List[Dict[str, Any]]
+) -> Dict[str, Any]:
+    """What vllm_service_status says about one engine."""
+    engine = next(e for e in engines if e["name"] == config["name"])
+    result = next((r for r in health if "rc" in r and (r.get("item") or {}).get("name") == config["name"]), None)
+    return {
+        "unit": "uma-vllm@%s.service" % config["name"],
+        "state": engine["state"],
+        "role": role_text(engine),
+        "health_url": config.get("health_url"),
+        "healthy": None if result is None else result["rc"] == 0,
+        "restarted": config["name"] in (restarted or []),
+        "port": config["port"],
+    }
+
+
+def changed(
+    engines: List[Dict[str, Any]],
+    written: List[str],
+    unit_changed: bool,
+    fingerprints: Dict[str, str],
+    stamps: Dict[str, str],
+) -> List[str]:
+    """Started engines whose unit, drop-in, env file or config was written in this run, or whose
+    files differ from what the running engine was started with (a run that failed before its
+    restart, or the first start)."""
+    out = []
+    for engine in engines:
+        if engine.get("state") != "started":
+            continue
+        name = engine["name"]
+        if unit_changed or name in written or stamps.get(name) != fingerprints.get(name):
+            out.append(name)
+    return out
+
+
+def with_peers(engines: List[Dict[str, Any]], local: List[str], peers_changed: Dict[str, Any]) -> List[str]:
+    """A multi-node engine restarts on every node when any of its ranks changed."""
+    out = list(local)
+    for engine in engines:
+        cluster = engine.get("cluster")
+        if engine.get("state") != "started" or not cluster or engine["name"] in out:
+            continue
+        for node in cluster["nodes"]:
+            if engine["name"] in (peers_changed.get(node) or []):
+                out.append(engine["name"])
+                break
+    return out
+
+
+def unit_states(stdout: str, names: List[str]) -> Dict[str, Dict[str, str]]:
+    """``systemctl show -p Id -p ActiveState -p UnitFileState uma-vllm@a.service ...`` -> per engine."""
+    out: Dict[str, Dict[str, str]] = {}
+    for block in (stdout or "").split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        unit = props.get("Id", "")
+        if unit.startswith("uma-vllm@") and unit.endswith(".service"):
+            out[unit[len("uma-vllm@") : -len(".service")]] = props
+    for name in names:
+        out.setdefault(name, {"ActiveState": "inactive", "UnitFileState": ""})
+    return out
