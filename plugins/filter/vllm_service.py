@@ -14,6 +14,7 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN
 from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
 
 try:
@@ -21,7 +22,7 @@ try:
 except ImportError:  # pragma: no cover - the unit tests run with ansible installed
     AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(ENGINE_NAME_PATTERN)
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
 MULTINODE_BARE = ("--headless",)

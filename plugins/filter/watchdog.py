@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.uma.vllm.plugins.filter.vllm_service import container_name
+from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 
@@ -105,7 +106,7 @@ def watchdog_configs(
             "_comment": settings.get("managed") or "Managed by uma.vllm (role vllm_service)",
             "engine": name,
             "rank": rank,
-            "state_dir": settings.get("state_dir") or "/var/lib/uma-vllm",
+            "state_dir": settings.get("state_dir") or _paths.STATE_DIR,
             "unified_memory": str(settings.get("unified_memory")).lower() in ("true", "yes", "1"),
         }
         for key, option in OPTIONS.items():

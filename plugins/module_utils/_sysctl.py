@@ -30,6 +30,7 @@ try:
         read_text,
     )
     from ansible_collections.uma.vllm.plugins.module_utils._memavail import watermark_reserve
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
         UmaError,
@@ -43,6 +44,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         read_text,
     )
     from _memavail import watermark_reserve  # type: ignore[no-redef]
+    from _paths import STATE_DIR  # type: ignore[no-redef]
 
 GIB = 1024**3
 MIB = 1024**2
@@ -135,7 +137,7 @@ class SysctlRequest:
     proc_root: str = "/proc"
     sysctl_dirs: List[str] = field(default_factory=lambda: list(DEFAULT_SYSCTL_DIRS))
     sysctl_conf: str = DEFAULT_SYSCTL_CONF
-    state_dir: str = "/var/lib/uma-vllm"
+    state_dir: str = STATE_DIR
 
 
 def _key_file(proc_root: str, key: str) -> str:
@@ -572,11 +574,9 @@ def plan(request: SysctlRequest) -> SysctlPlan:
             "Remove it or give another path.",
         )
     if os.path.lexists(request.state_dir) and not os.path.isdir(request.state_dir):
-        raise UmaError(
-            "state_dir", request.state_dir, "is not a directory", "Give a directory, e.g. /var/lib/uma-vllm."
-        )
+        raise UmaError("state_dir", request.state_dir, "is not a directory", "Give a directory, e.g. %s." % STATE_DIR)
     if not request.state_dir or not os.path.isabs(request.state_dir):
-        raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. /var/lib/uma-vllm.")
+        raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. %s." % STATE_DIR)
     record_path = os.path.join(request.state_dir, RECORD_NAME)
     try:
         record_before = read_json(record_path)

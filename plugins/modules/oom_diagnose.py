@@ -257,7 +257,7 @@ import subprocess
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose, _timeline
+from ansible_collections.uma.vllm.plugins.module_utils import _diagnose, _paths, _timeline
 from ansible_collections.uma.vllm.plugins.module_utils._common import (
     UmaError,
     read_json,
@@ -509,8 +509,8 @@ def run_module():
         argument_spec=dict(
             engines=dict(type="list", elements="str", default=[]),
             launch=dict(type="str", default="latest"),
-            state_dir=dict(type="path", default="/var/lib/uma-vllm"),
-            run_dir=dict(type="path", default="/run/uma-vllm"),
+            state_dir=dict(type="path", default=_paths.STATE_DIR),
+            run_dir=dict(type="path", default=_paths.RUN_DIR),
             proc_root=dict(type="path", default="/proc"),
             sysctl_keys=dict(
                 type="list",
