@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _sysctl_files as files
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         atomic_write,
@@ -30,21 +31,8 @@ try:
     )
     from ansible_collections.uma.vllm.plugins.module_utils._memavail import watermark_reserve
     from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
-    from ansible_collections.uma.vllm.plugins.module_utils._sysctl_files import (
-        _file_drift,
-        _key_file,
-        _missing_dirs,
-        _put_back,
-        _raw,
-        find_conflicts,
-        normalize_key,
-        normalize_value,
-        parse_sysctl_text,
-        read_live,
-        render_file,
-        write_live,
-    )
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _sysctl_files as files  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
         UmaError,
         atomic_write,
@@ -56,20 +44,17 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     )
     from _memavail import watermark_reserve  # type: ignore[no-redef]
     from _paths import STATE_DIR  # type: ignore[no-redef]
-    from _sysctl_files import (  # type: ignore[no-redef]
-        _file_drift,
-        _key_file,
-        _missing_dirs,
-        _put_back,
-        _raw,
-        find_conflicts,
-        normalize_key,
-        normalize_value,
-        parse_sysctl_text,
-        read_live,
-        render_file,
-        write_live,
-    )
+
+# The names this module has always had; write_live is looked up here at each write (the tests
+# replace it to play a kernel that refuses a value).
+normalize_key, normalize_value, parse_sysctl_text = files.normalize_key, files.normalize_value, files.parse_sysctl_text
+boot_order, find_conflicts, read_live, render_file = (
+    files.boot_order,
+    files.find_conflicts,
+    files.read_live,
+    files.render_file,
+)
+write_live = files.write_live
 
 GIB = 1024**3
 MIB = 1024**2
@@ -310,7 +295,7 @@ def _cache_and_dirty(request: SysctlRequest) -> Tuple[int, int, int]:
 
 def _extra_key(raw_key: Any, raw_value: Any, managed: Dict[str, str]) -> str:
     """The vm.* key of one ``extra`` entry, refused when this module must not set it there."""
-    key = normalize_key(str(raw_key))
+    key = files.normalize_key(str(raw_key))
     item = {raw_key: raw_value}
     if not _KEY_RE.match(key):
         raise UmaError(
@@ -348,7 +333,7 @@ def _extra_value(request: SysctlRequest, raw_key: Any, raw_value: Any, key: str)
     item = {raw_key: raw_value}
     if isinstance(raw_value, bool) or not isinstance(raw_value, (int, str)):
         raise UmaError("extra", item, "the value is not an integer", "Give whole numbers.")
-    value = normalize_value(raw_value)
+    value = files.normalize_value(raw_value)
     if not _VALUE_RE.match(value):
         raise UmaError("extra", item, "the value is not an integer list", "Give whole numbers, space separated.")
     if value.startswith("-"):
@@ -361,7 +346,7 @@ def _extra_value(request: SysctlRequest, raw_key: Any, raw_value: Any, key: str)
             "Give a value the kernel documents for %s." % key,
         )
     if os.path.isdir(os.path.join(request.proc_root, "sys", "vm")) and not os.path.exists(
-        _key_file(request.proc_root, key)
+        files.key_file(request.proc_root, key)
     ):
         raise UmaError(
             "extra", item, "this kernel has no %s" % key, "Check the spelling against /proc/sys/vm or drop the key."
@@ -510,14 +495,14 @@ def _plan_absent(
     request: SysctlRequest, record_path: str, record_before: Optional[Dict[str, str]], file_before: Optional[str]
 ) -> SysctlPlan:
     """state=absent: the file goes, the recorded originals come back live, the record goes."""
-    managed = sorted(parse_sysctl_text(file_before or "")) if file_before else []
+    managed = sorted(files.parse_sysctl_text(file_before or "")) if file_before else []
     keys = sorted(set(managed) | set(record_before or {}))
-    live_before = read_live(request.proc_root, keys)
+    live_before = files.read_live(request.proc_root, keys)
     live_after = dict(live_before)
     if request.apply:
         for key, original in (record_before or {}).items():
             if live_before.get(key) is not None:
-                live_after[key] = normalize_value(original)
+                live_after[key] = files.normalize_value(original)
     return SysctlPlan(
         state="absent",
         path=request.path,
@@ -531,7 +516,7 @@ def _plan_absent(
         record_after=None,
         record_path=record_path,
         conflicts=[],
-        drift={"file": _file_drift(file_before, None), "live": {}},
+        drift={"file": files.file_drift(file_before, None), "live": {}},
     )
 
 
@@ -540,9 +525,9 @@ def _plan_present(
 ) -> SysctlPlan:
     """state=present: the file, the live values, the originals to record, drift and boot conflicts."""
     values, sizing = desired_values(request)
-    file_after = render_file(values, sizing)
+    file_after = files.render_file(values, sizing)
     keys = sorted(values)
-    live_before = read_live(request.proc_root, keys)
+    live_before = files.read_live(request.proc_root, keys)
     missing = [k for k in keys if live_before[k] is None]
     if request.apply and missing and os.path.isdir(os.path.join(request.proc_root, "sys", "vm")):
         raise UmaError(
@@ -575,8 +560,8 @@ def _plan_present(
         record_before=record_before,
         record_after=record_after if record_after else record_before,
         record_path=record_path,
-        conflicts=find_conflicts(request.path, keys, request.sysctl_dirs, request.sysctl_conf),
-        drift={"file": _file_drift(file_before, file_after), "live": live_drift},
+        conflicts=files.find_conflicts(request.path, keys, request.sysctl_dirs, request.sysctl_conf),
+        drift={"file": files.file_drift(file_before, file_after), "live": live_drift},
     )
 
 
@@ -597,10 +582,10 @@ class _Rollback:
     def __init__(self, p: SysctlPlan, proc_root: str) -> None:
         self.p = p
         self.proc_root = proc_root
-        self.old_record = _raw(p.record_path) if os.path.isfile(p.record_path) else None
-        self.old_file = _raw(p.path) if os.path.isfile(p.path) else None
+        self.old_record = files.raw_bytes(p.record_path) if os.path.isfile(p.record_path) else None
+        self.old_file = files.raw_bytes(p.path) if os.path.isfile(p.path) else None
         self.old_file_mode = os.stat(p.path).st_mode & 0o7777 if self.old_file is not None else 0o644
-        self.created = _missing_dirs(p.record_path) + _missing_dirs(p.path)
+        self.created = files.missing_dirs(p.record_path) + files.missing_dirs(p.path)
         self.done_live: List[Tuple[str, Optional[str]]] = []
         self.wrote_record = self.wrote_file = False
 
@@ -620,7 +605,7 @@ class _Rollback:
         ):
             if wrote:
                 try:
-                    _put_back(path, raw, mode)
+                    files.put_back(path, raw, mode)
                 except OSError as err:
                     problems.append("%s not restored (%s)" % (path, err.strerror))
         for directory in sorted(set(self.created), key=len, reverse=True):

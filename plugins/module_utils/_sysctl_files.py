@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import UmaError, managed_header, parse_fingerprint, read_text  # type: ignore[no-redef]
 
 
-def _key_file(proc_root: str, key: str) -> str:
+def key_file(proc_root: str, key: str) -> str:
     return os.path.join(proc_root, "sys", *key.split("."))
 
 
@@ -117,7 +117,7 @@ def find_conflicts(path: str, keys: List[str], dirs: List[str], sysctl_conf: Opt
     return conflicts
 
 
-def _raw(path: str) -> Optional[bytes]:
+def raw_bytes(path: str) -> Optional[bytes]:
     """Exact bytes of a file (None when absent), to put it back on rollback."""
     try:
         with open(path, "rb") as handle:
@@ -126,7 +126,7 @@ def _raw(path: str) -> Optional[bytes]:
         return None
 
 
-def _missing_dirs(path: str) -> List[str]:
+def missing_dirs(path: str) -> List[str]:
     """Ancestors of path that do not exist yet, deepest first (atomic_write creates them)."""
     out = []
     directory = os.path.dirname(os.path.abspath(path))
@@ -139,7 +139,7 @@ def _missing_dirs(path: str) -> List[str]:
     return out
 
 
-def _put_back(path: str, raw: Optional[bytes], mode: int) -> None:
+def put_back(path: str, raw: Optional[bytes], mode: int) -> None:
     if raw is None:
         if os.path.lexists(path):
             os.unlink(path)
@@ -160,7 +160,7 @@ def _put_back(path: str, raw: Optional[bytes], mode: int) -> None:
 def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:
     live: Dict[str, Optional[str]] = {}
     for key in keys:
-        path = _key_file(proc_root, key)
+        path = key_file(proc_root, key)
         try:
             text = read_text(path)
         except OSError as err:
@@ -175,7 +175,7 @@ def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:
 
 
 def write_live(proc_root: str, key: str, value: str) -> None:
-    path = _key_file(proc_root, key)
+    path = key_file(proc_root, key)
     try:
         with open(path, "w", encoding="ascii") as handle:
             handle.write(value + "\n")
@@ -198,7 +198,7 @@ def render_file(values: Dict[str, str], sizing: Dict[str, Any]) -> str:
     return managed_header("uma.vllm.uma_sysctl, vm page reserve and cache settings for vLLM", body) + body
 
 
-def _file_drift(current: Optional[str], wanted: Optional[str]) -> Optional[str]:
+def file_drift(current: Optional[str], wanted: Optional[str]) -> Optional[str]:
     if current == wanted:
         return None
     if current is None:
