@@ -201,9 +201,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
-from ansible_collections.uma.vllm.plugins.module_utils._readahead import (  # noqa: F401 - the module's API
-    MAX_DURATION,
-    WindowPlan,
+from ansible_collections.uma.vllm.plugins.module_utils._readahead import (
     WindowRequest,
     execute,
     plan,
@@ -211,6 +209,9 @@ from ansible_collections.uma.vllm.plugins.module_utils._readahead import (  # no
     validate,
 )
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+
+# The module's Python API as before the logic moved to _readahead (tests call it from here).
+__all__ = ["WindowRequest", "execute", "main", "plan", "result", "validate"]
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def run(rec, **kw):
 
 def test_a_change_is_executed_and_its_result_returned():
     rec = Recorder()
-    outcome, _ = run(rec)
+    outcome, _warned = run(rec)
     assert outcome == Outcome(False, {"changed": True, "done": {"done": True}})
     assert rec.calls == ["plan", "execute", "result"]
 
@@ -52,7 +52,7 @@ def test_a_change_is_executed_and_its_result_returned():
 @pytest.mark.parametrize("changed, check_mode", [(True, True), (False, False), (False, True)])
 def test_check_mode_or_no_change_never_executes(changed, check_mode):
     rec = Recorder(changed=changed)
-    outcome, _ = run(rec, check_mode=check_mode)
+    outcome, _warned = run(rec, check_mode=check_mode)
     assert rec.calls == ["plan", "result"] and outcome.fields["done"] is None and not outcome.failed
 
 
@@ -63,20 +63,20 @@ def test_diff_only_when_asked():
 
 def test_warnings_go_to_warn_before_execute():
     rec = Recorder()
-    _, warned = run(rec, warnings=lambda p: p.warnings)
+    _outcome, warned = run(rec, warnings=lambda p: p.warnings)
     assert warned == ["w1"]
 
 
 def test_a_refused_plan_names_the_option_and_runs_nothing_else():
     rec = Recorder(fail_plan=UmaError("duration", 0, "is too short", "Give 1 or more."))
-    outcome, _ = run(rec)
+    outcome, _warned = run(rec)
     assert outcome.failed and outcome.fields["option"] == "duration" and "duration" in outcome.fields["msg"]
     assert rec.calls == ["plan"]
 
 
 def test_a_failed_execute_returns_the_failed_result_beside_the_message():
     rec = Recorder(fail_execute=UmaError("state", "x", "failed", "Fix it."))
-    outcome, _ = run(rec, failed_result=lambda p: {"unit": "u"})
+    outcome, _warned = run(rec, failed_result=lambda p: {"unit": "u"})
     assert outcome.failed and outcome.fields["unit"] == "u" and outcome.fields["option"] == "state"
     assert "result" not in rec.calls
 
@@ -94,7 +94,9 @@ def test_refuse_stops_before_warnings_and_execute():
 
 def test_translate_turns_another_error_into_a_named_one():
     rec = Recorder(fail_execute=PermissionError(13, "denied", "/etc/x"))
-    outcome, _ = run(rec, translate=(OSError, lambda err: UmaError("path", err.filename, "is not writable", "Fix.")))
+    outcome, _warned = run(
+        rec, translate=(OSError, lambda err: UmaError("path", err.filename, "is not writable", "Fix."))
+    )
     assert outcome.failed and outcome.fields["option"] == "path"
     with pytest.raises(PermissionError):
         run(Recorder(fail_execute=PermissionError(13, "denied")))  # not translated: not swallowed
