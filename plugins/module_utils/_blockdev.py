@@ -41,6 +41,7 @@ try:
         read_text,
         systemd_quote,
     )
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
         UmaError,
@@ -50,6 +51,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         read_text,
         systemd_quote,
     )
+    from _paths import STATE_DIR  # type: ignore[no-redef]
 
 RECORD_PREFIX = "readahead-"
 RECORD_VERSION = 1
@@ -414,7 +416,7 @@ def restore_command(
     if record is not None:
         argv += ["--record", record]
     else:
-        argv += ["--all", "--state-dir", state_dir or "/var/lib/uma-vllm"]
+        argv += ["--all", "--state-dir", state_dir or STATE_DIR]
     if sysfs_root != "/sys":
         argv += ["--sysfs-root", sysfs_root]
     return argv
@@ -474,7 +476,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     which = restore.add_mutually_exclusive_group(required=True)
     which.add_argument("--record", help="the record file (readahead-NAME.json)")
     which.add_argument("--all", action="store_true", help="every readahead-*.json under --state-dir")
-    restore.add_argument("--state-dir", default="/var/lib/uma-vllm")
+    restore.add_argument("--state-dir", default=STATE_DIR)
     restore.add_argument("--sysfs-root", default="/sys")
     args = parser.parse_args(argv)
     if args.command != "restore":

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils import _common, _paths, uma_guard
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json, check_path, read_json
 from ansible_collections.uma.vllm.plugins.module_utils._diff import DifferenceTracker
 from ansible_collections.uma.vllm.plugins.module_utils._guard_config import GuardConfig, check_on_node
@@ -63,9 +63,9 @@ class GuardRequest(GuardConfig):
     """The module's options: the guard's own (GuardConfig) and where and how it runs on the node."""
 
     state: str = "started"
-    python: str = "/usr/bin/python3"
-    lib_dir: str = "/usr/local/lib/uma-vllm"
-    run_dir: str = "/run/uma-vllm"
+    python: str = _paths.PYTHON
+    lib_dir: str = _paths.LIB_DIR
+    run_dir: str = _paths.RUN_DIR
 
 
 @dataclass

@@ -3,6 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Pure logic of uma.vllm.uma_sysctl: sizing, validation, planning, applying.
 
+The sysctl files' side (boot order, conflicts, byte-exact put-back) is in ``_sysctl_files``.
+
 The module wrapper only maps options to :class:`SysctlRequest`, calls
 :func:`plan`, and (outside check mode) :func:`execute`. Every path the logic
 touches comes from the request, so tests run against temporary directories.
@@ -13,36 +15,46 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _sysctl_files as files
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         atomic_write,
         atomic_write_json,
         check_path,
-        managed_header,
-        parse_fingerprint,
         read_json,
         read_meminfo,
         read_text,
     )
     from ansible_collections.uma.vllm.plugins.module_utils._memavail import watermark_reserve
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _sysctl_files as files  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
         UmaError,
         atomic_write,
         atomic_write_json,
         check_path,
-        managed_header,
-        parse_fingerprint,
         read_json,
         read_meminfo,
         read_text,
     )
     from _memavail import watermark_reserve  # type: ignore[no-redef]
+    from _paths import STATE_DIR  # type: ignore[no-redef]
+
+# The names this module has always had; write_live is looked up here at each write (the tests
+# replace it to play a kernel that refuses a value).
+normalize_key, normalize_value, parse_sysctl_text = files.normalize_key, files.normalize_value, files.parse_sysctl_text
+boot_order, find_conflicts, read_live, render_file = (
+    files.boot_order,
+    files.find_conflicts,
+    files.read_live,
+    files.render_file,
+)
+write_live = files.write_live
 
 GIB = 1024**3
 MIB = 1024**2
@@ -135,19 +147,7 @@ class SysctlRequest:
     proc_root: str = "/proc"
     sysctl_dirs: List[str] = field(default_factory=lambda: list(DEFAULT_SYSCTL_DIRS))
     sysctl_conf: str = DEFAULT_SYSCTL_CONF
-    state_dir: str = "/var/lib/uma-vllm"
-
-
-def _key_file(proc_root: str, key: str) -> str:
-    return os.path.join(proc_root, "sys", *key.split("."))
-
-
-def normalize_key(key: str) -> str:
-    return key.strip().lstrip("-").replace("/", ".")
-
-
-def normalize_value(value: Any) -> str:
-    return " ".join(str(value).split())
+    state_dir: str = STATE_DIR
 
 
 def _int_option(name: str, value: Any, fix: str) -> int:
@@ -233,49 +233,42 @@ def takes_effect_here(request: SysctlRequest) -> bool:
     return in_dirs or os.path.realpath(request.path) == os.path.realpath(request.sysctl_conf)
 
 
-def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, Any]]:
-    """Validate the request; return ``{key: value}`` to manage and the sizing record.
-
-    Raises UmaError before anything is touched.
-    """
-    ram_bytes, ram_source = resolve_ram(request)
-    sizing = size_min_free_kbytes(ram_bytes)
-    sizing["ram_source"] = ram_source
+def _min_free(request: SysctlRequest, ram_bytes: int, sizing: Dict[str, Any]) -> int:
+    """vm.min_free_kbytes: the explicit value within the kernel default and 10% of RAM, or the sized one."""
+    if request.min_free_kbytes is None or request.min_free_kbytes == "":
+        return sizing["min_free_kbytes"]
     kernel_default = sizing["kernel_default_kbytes"]
     ceiling_kb = ram_bytes * MAX_RESERVE_PERCENT // 100 // 1024
-    # The bounds belong to the host where the values take effect. A file
-    # outside the boot search path, not applied live, is a rendering for some
-    # other host: without its ram_gib this host's RAM says nothing about it.
-    sizing["bounds_checked"] = ram_source == "ram_gib" or takes_effect_here(request)
-    if request.min_free_kbytes is not None and request.min_free_kbytes != "":
-        fix = "Give kB between the kernel default %d and 10%% of RAM (%d), or leave it unset to size it from RAM." % (
-            kernel_default,
-            ceiling_kb,
+    fix = "Give kB between the kernel default %d and 10%% of RAM (%d), or leave it unset to size it from RAM." % (
+        kernel_default,
+        ceiling_kb,
+    )
+    min_free = _int_option("min_free_kbytes", request.min_free_kbytes, fix)
+    if min_free < kernel_default and sizing["bounds_checked"]:
+        raise UmaError(
+            "min_free_kbytes",
+            request.min_free_kbytes,
+            "is below the kernel's own default of %d kB for %.1f GiB of RAM" % (kernel_default, ram_bytes / GIB),
+            fix,
         )
-        min_free = _int_option("min_free_kbytes", request.min_free_kbytes, fix)
-        if min_free < kernel_default and sizing["bounds_checked"]:
-            raise UmaError(
-                "min_free_kbytes",
-                request.min_free_kbytes,
-                "is below the kernel's own default of %d kB for %.1f GiB of RAM" % (kernel_default, ram_bytes / GIB),
-                fix,
-            )
-        if min_free > ceiling_kb and sizing["bounds_checked"]:
-            raise UmaError(
-                "min_free_kbytes",
-                request.min_free_kbytes,
-                "is above 10%% of RAM (%d kB of %.1f GiB); the kernel would reclaim or OOM constantly"
-                % (ceiling_kb, ram_bytes / GIB),
-                fix,
-            )
-        if min_free == 0:
-            raise UmaError("min_free_kbytes", request.min_free_kbytes, "is zero", fix)
-        sizing["rule"] = "explicit"
-        sizing["min_free_kbytes"] = min_free
-        sizing["memavailable_reserve_bytes"] = memavailable_cost(ram_bytes, min_free)
-    else:
-        min_free = sizing["min_free_kbytes"]
+    if min_free > ceiling_kb and sizing["bounds_checked"]:
+        raise UmaError(
+            "min_free_kbytes",
+            request.min_free_kbytes,
+            "is above 10%% of RAM (%d kB of %.1f GiB); the kernel would reclaim or OOM constantly"
+            % (ceiling_kb, ram_bytes / GIB),
+            fix,
+        )
+    if min_free == 0:
+        raise UmaError("min_free_kbytes", request.min_free_kbytes, "is zero", fix)
+    sizing["rule"] = "explicit"
+    sizing["min_free_kbytes"] = min_free
+    sizing["memavailable_reserve_bytes"] = memavailable_cost(ram_bytes, min_free)
+    return min_free
 
+
+def _cache_and_dirty(request: SysctlRequest) -> Tuple[int, int, int]:
+    """vm.vfs_cache_pressure, vm.dirty_ratio and vm.dirty_background_ratio, checked together."""
     vfs = _int_option(
         "vfs_cache_pressure", request.vfs_cache_pressure, "Give a whole number such as 200 (100 is the kernel default)."
     )
@@ -297,7 +290,84 @@ def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, An
             "is not below dirty_ratio (%d); background writeback must start before writers are throttled" % dirty,
             "Give a dirty_background_ratio below dirty_ratio, e.g. 2 with dirty_ratio 5.",
         )
+    return vfs, dirty, background
 
+
+def _extra_key(raw_key: Any, raw_value: Any, managed: Dict[str, str]) -> str:
+    """The vm.* key of one ``extra`` entry, refused when this module must not set it there."""
+    key = files.normalize_key(str(raw_key))
+    item = {raw_key: raw_value}
+    if not _KEY_RE.match(key):
+        raise UmaError(
+            "extra",
+            item,
+            "key %r is not a vm.* sysctl" % raw_key,
+            "This module manages only vm.* keys; use ansible.posix.sysctl for others.",
+        )
+    if key in managed:
+        raise UmaError(
+            "extra",
+            item,
+            "key %s has its own option" % key,
+            "Set it with the option %s instead." % key.split(".", 1)[1],
+        )
+    if key in ("vm.dirty_bytes", "vm.dirty_background_bytes"):
+        raise UmaError(
+            "extra",
+            item,
+            "%s would override the dirty ratios this module sets" % key,
+            "Use dirty_ratio / dirty_background_ratio instead.",
+        )
+    if key == "vm.drop_caches":
+        raise UmaError(
+            "extra",
+            item,
+            "vm.drop_caches is an action, not a setting",
+            "Use uma.vllm.drop_cache_loop to evict page cache.",
+        )
+    return key
+
+
+def _extra_value(request: SysctlRequest, raw_key: Any, raw_value: Any, key: str) -> str:
+    """The value of one ``extra`` entry: whole numbers >= 0 the kernel holds, for a key this kernel has."""
+    item = {raw_key: raw_value}
+    if isinstance(raw_value, bool) or not isinstance(raw_value, (int, str)):
+        raise UmaError("extra", item, "the value is not an integer", "Give whole numbers.")
+    value = files.normalize_value(raw_value)
+    if not _VALUE_RE.match(value):
+        raise UmaError("extra", item, "the value is not an integer list", "Give whole numbers, space separated.")
+    if value.startswith("-"):
+        raise UmaError("extra", item, "the value is negative", "Give a value >= 0.")
+    if any(int(part) > MAX_SYSCTL_VALUE for part in value.split()):
+        raise UmaError(
+            "extra",
+            item,
+            "the value is larger than any kernel setting holds (%d)" % MAX_SYSCTL_VALUE,
+            "Give a value the kernel documents for %s." % key,
+        )
+    if os.path.isdir(os.path.join(request.proc_root, "sys", "vm")) and not os.path.exists(
+        files.key_file(request.proc_root, key)
+    ):
+        raise UmaError(
+            "extra", item, "this kernel has no %s" % key, "Check the spelling against /proc/sys/vm or drop the key."
+        )
+    return value
+
+
+def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """Validate the request; return ``{key: value}`` to manage and the sizing record.
+
+    Raises UmaError before anything is touched.
+    """
+    ram_bytes, ram_source = resolve_ram(request)
+    sizing = size_min_free_kbytes(ram_bytes)
+    sizing["ram_source"] = ram_source
+    # The bounds belong to the host where the values take effect. A file
+    # outside the boot search path, not applied live, is a rendering for some
+    # other host: without its ram_gib this host's RAM says nothing about it.
+    sizing["bounds_checked"] = ram_source == "ram_gib" or takes_effect_here(request)
+    min_free = _min_free(request, ram_bytes, sizing)
+    vfs, dirty, background = _cache_and_dirty(request)
     values = {
         "vm.min_free_kbytes": str(min_free),
         "vm.vfs_cache_pressure": str(vfs),
@@ -310,173 +380,9 @@ def desired_values(request: SysctlRequest) -> Tuple[Dict[str, str], Dict[str, An
             "extra", extra, "is not a mapping", "Give a dict of vm.* keys to values, e.g. {vm.swappiness: 10}."
         )
     for raw_key in sorted(extra):
-        raw_value = extra[raw_key]
-        key = normalize_key(str(raw_key))
-        if not _KEY_RE.match(key):
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "key %r is not a vm.* sysctl" % raw_key,
-                "This module manages only vm.* keys; use ansible.posix.sysctl for others.",
-            )
-        if key in values:
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "key %s has its own option" % key,
-                "Set it with the option %s instead." % key.split(".", 1)[1],
-            )
-        if key in ("vm.dirty_bytes", "vm.dirty_background_bytes"):
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "%s would override the dirty ratios this module sets" % key,
-                "Use dirty_ratio / dirty_background_ratio instead.",
-            )
-        if key == "vm.drop_caches":
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "vm.drop_caches is an action, not a setting",
-                "Use uma.vllm.drop_cache_loop to evict page cache.",
-            )
-        if isinstance(raw_value, bool) or not isinstance(raw_value, (int, str)):
-            raise UmaError("extra", {raw_key: raw_value}, "the value is not an integer", "Give whole numbers.")
-        value = normalize_value(raw_value)
-        if not _VALUE_RE.match(value):
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "the value is not an integer list",
-                "Give whole numbers, space separated.",
-            )
-        if value.startswith("-"):
-            raise UmaError("extra", {raw_key: raw_value}, "the value is negative", "Give a value >= 0.")
-        if any(int(part) > MAX_SYSCTL_VALUE for part in value.split()):
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "the value is larger than any kernel setting holds (%d)" % MAX_SYSCTL_VALUE,
-                "Give a value the kernel documents for %s." % key,
-            )
-        if os.path.isdir(os.path.join(request.proc_root, "sys", "vm")) and not os.path.exists(
-            _key_file(request.proc_root, key)
-        ):
-            raise UmaError(
-                "extra",
-                {raw_key: raw_value},
-                "this kernel has no %s" % key,
-                "Check the spelling against /proc/sys/vm or drop the key.",
-            )
-        values[key] = value
+        key = _extra_key(raw_key, extra[raw_key], values)
+        values[key] = _extra_value(request, raw_key, extra[raw_key], key)
     return values, sizing
-
-
-def render_file(values: Dict[str, str], sizing: Dict[str, Any]) -> str:
-    body_lines = [
-        "# vm.min_free_kbytes: %s (%s, RAM %.1f GiB from %s)"
-        % (values["vm.min_free_kbytes"], sizing["rule"], sizing["ram_gib"], sizing.get("ram_source", "?")),
-    ]
-    body_lines += ["%s = %s" % (key, values[key]) for key in sorted(values)]
-    body = "\n".join(body_lines) + "\n"
-    return managed_header("uma.vllm.uma_sysctl, vm page reserve and cache settings for vLLM", body) + body
-
-
-def parse_sysctl_text(text: str) -> Dict[str, str]:
-    """Key/value pairs of a sysctl.d file, later lines winning (like systemd-sysctl)."""
-    result: Dict[str, str] = {}
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped[0] in "#;":
-            continue
-        key, sep, value = stripped.partition("=")
-        if not sep:
-            continue
-        result[normalize_key(key)] = normalize_value(value)
-    return result
-
-
-def boot_order(dirs: List[str], sysctl_conf: Optional[str]) -> List[str]:
-    """Files in the order systemd-sysctl applies them (last wins per key).
-
-    Files with the same name: the one in the earliest directory shadows the
-    others. /etc/sysctl.conf is applied last by ``sysctl --system`` (procps);
-    on Debian systemd reads it through the 99-sysctl.conf link.
-    """
-    chosen: Dict[str, str] = {}
-    for directory in dirs:
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            continue
-        for name in names:
-            full = os.path.join(directory, name)
-            if name.endswith(".conf") and name not in chosen and (os.path.isfile(full) or os.path.islink(full)):
-                chosen[name] = full
-    ordered = [chosen[name] for name in sorted(chosen)]
-    if sysctl_conf and os.path.isfile(sysctl_conf):
-        real = os.path.realpath(sysctl_conf)
-        if all(os.path.realpath(p) != real for p in ordered):
-            ordered.append(sysctl_conf)
-    return ordered
-
-
-def find_conflicts(path: str, keys: List[str], dirs: List[str], sysctl_conf: Optional[str]) -> List[Dict[str, Any]]:
-    """Other files that set our keys, and whether they win at boot.
-
-    systemd-sysctl applies files sorted by name, so a file whose name sorts
-    after ours overrides our keys; a file with our name in a directory searched
-    earlier masks ours entirely; /etc/sysctl.conf comes last under procps.
-    """
-    own = os.path.realpath(path)
-    name = os.path.basename(path)
-    own_dir = os.path.dirname(own)
-    dir_rank = {os.path.realpath(d): i for i, d in enumerate(dirs)}
-    conflicts = []
-    for candidate in boot_order(dirs, sysctl_conf):
-        if os.path.realpath(candidate) == own or not os.path.isfile(candidate):
-            continue  # a dangling or looping link, or a directory named *.conf: systemd-sysctl skips it too
-        try:
-            text = read_text(candidate)
-        except OSError:
-            continue
-        if text is None:
-            continue
-        settings = parse_sysctl_text(text)
-        cand_name = os.path.basename(candidate)
-        if candidate == sysctl_conf:
-            wins, reason = True, "applied last by sysctl --system"
-        elif cand_name == name:
-            cand_rank = dir_rank.get(os.path.realpath(os.path.dirname(candidate)), len(dirs))
-            wins = cand_rank < dir_rank.get(own_dir, len(dirs))
-            reason = "same file name in a directory searched earlier masks ours" if wins else "masked by ours"
-        elif cand_name > name:
-            wins, reason = True, "applied after ours"
-        else:
-            wins, reason = False, "applied before ours (ours wins)"
-        for key in keys:
-            if key in settings or (cand_name == name and wins):
-                conflicts.append(
-                    {"path": candidate, "key": key, "value": settings.get(key), "wins_at_boot": wins, "reason": reason}
-                )
-    return conflicts
-
-
-def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:
-    live: Dict[str, Optional[str]] = {}
-    for key in keys:
-        path = _key_file(proc_root, key)
-        try:
-            text = read_text(path)
-        except OSError as err:
-            raise UmaError(
-                "proc_root",
-                proc_root,
-                "%s (the live %s) cannot be read (%s)" % (path, key, err.strerror),
-                "Point proc_root at the node's /proc.",
-            ) from None
-        live[key] = None if text is None else normalize_value(text)
-    return live
 
 
 @dataclass
@@ -532,23 +438,8 @@ class SysctlPlan:
         ]
 
 
-def _file_drift(current: Optional[str], wanted: Optional[str]) -> Optional[str]:
-    if current == wanted:
-        return None
-    if current is None:
-        return "missing"
-    if wanted is None:
-        return "present"
-    check = parse_fingerprint(current)
-    if check is None:
-        return "header removed or file replaced"
-    if not check["intact"]:
-        return "edited by hand (fingerprint mismatch)"
-    return "settings differ"
-
-
-def plan(request: SysctlRequest) -> SysctlPlan:
-    """Everything that would change, computed without touching anything."""
+def _check_paths(request: SysctlRequest) -> None:
+    """The request's state, policy and paths, refused before anything is read."""
     if request.state not in ("present", "absent"):
         raise UmaError("state", request.state, "is not a known state", "Use present or absent.")
     if request.conflicts not in ("warn", "fail", "ignore"):
@@ -572,14 +463,15 @@ def plan(request: SysctlRequest) -> SysctlPlan:
             "Remove it or give another path.",
         )
     if os.path.lexists(request.state_dir) and not os.path.isdir(request.state_dir):
-        raise UmaError(
-            "state_dir", request.state_dir, "is not a directory", "Give a directory, e.g. /var/lib/uma-vllm."
-        )
+        raise UmaError("state_dir", request.state_dir, "is not a directory", "Give a directory, e.g. %s." % STATE_DIR)
     if not request.state_dir or not os.path.isabs(request.state_dir):
-        raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. /var/lib/uma-vllm.")
-    record_path = os.path.join(request.state_dir, RECORD_NAME)
+        raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. %s." % STATE_DIR)
+
+
+def _read_record(request: SysctlRequest, record_path: str) -> Optional[Dict[str, str]]:
+    """The operator's original values this module recorded before its first change (None: none)."""
     try:
-        record_before = read_json(record_path)
+        record = read_json(record_path)
     except OSError as err:
         raise UmaError(
             "state_dir",
@@ -587,8 +479,8 @@ def plan(request: SysctlRequest) -> SysctlPlan:
             "%s cannot be read (%s)" % (record_path, err.strerror),
             "Remove what is in its place; it holds the operator's original values.",
         ) from None
-    if record_before is not None and not (
-        isinstance(record_before, dict) and all(isinstance(v, (str, int)) for v in record_before.values())
+    if record is not None and not (
+        isinstance(record, dict) and all(isinstance(v, (str, int)) for v in record.values())
     ):
         raise UmaError(
             "state_dir",
@@ -596,37 +488,46 @@ def plan(request: SysctlRequest) -> SysctlPlan:
             "%s is not a record of original sysctl values (damaged?)" % record_path,
             "Check it by hand: fix or remove it (its values are restored by state=absent).",
         )
-    file_before = read_text(request.path)
+    return record
 
-    if request.state == "absent":
-        managed = sorted(parse_sysctl_text(file_before or "")) if file_before else []
-        keys = sorted(set(managed) | set(record_before or {}))
-        live_before = read_live(request.proc_root, keys)
-        live_after = dict(live_before)
-        if request.apply:
-            for key, original in (record_before or {}).items():
-                if live_before.get(key) is not None:
-                    live_after[key] = normalize_value(original)
-        return SysctlPlan(
-            state="absent",
-            path=request.path,
-            values={},
-            sizing={},
-            file_before=file_before,
-            file_after=None,
-            live_before=live_before,
-            live_after=live_after,
-            record_before=record_before,
-            record_after=None,
-            record_path=record_path,
-            conflicts=[],
-            drift={"file": _file_drift(file_before, None), "live": {}},
-        )
 
+def _plan_absent(
+    request: SysctlRequest, record_path: str, record_before: Optional[Dict[str, str]], file_before: Optional[str]
+) -> SysctlPlan:
+    """state=absent: the file goes, the recorded originals come back live, the record goes."""
+    managed = sorted(files.parse_sysctl_text(file_before or "")) if file_before else []
+    keys = sorted(set(managed) | set(record_before or {}))
+    live_before = files.read_live(request.proc_root, keys)
+    live_after = dict(live_before)
+    if request.apply:
+        for key, original in (record_before or {}).items():
+            if live_before.get(key) is not None:
+                live_after[key] = files.normalize_value(original)
+    return SysctlPlan(
+        state="absent",
+        path=request.path,
+        values={},
+        sizing={},
+        file_before=file_before,
+        file_after=None,
+        live_before=live_before,
+        live_after=live_after,
+        record_before=record_before,
+        record_after=None,
+        record_path=record_path,
+        conflicts=[],
+        drift={"file": files.file_drift(file_before, None), "live": {}},
+    )
+
+
+def _plan_present(
+    request: SysctlRequest, record_path: str, record_before: Optional[Dict[str, str]], file_before: Optional[str]
+) -> SysctlPlan:
+    """state=present: the file, the live values, the originals to record, drift and boot conflicts."""
     values, sizing = desired_values(request)
-    file_after = render_file(values, sizing)
+    file_after = files.render_file(values, sizing)
     keys = sorted(values)
-    live_before = read_live(request.proc_root, keys)
+    live_before = files.read_live(request.proc_root, keys)
     missing = [k for k in keys if live_before[k] is None]
     if request.apply and missing and os.path.isdir(os.path.join(request.proc_root, "sys", "vm")):
         raise UmaError(
@@ -647,7 +548,6 @@ def plan(request: SysctlRequest) -> SysctlPlan:
         for key in keys
         if live_before.get(key) != values[key]
     }
-    conflicts = find_conflicts(request.path, keys, request.sysctl_dirs, request.sysctl_conf)
     return SysctlPlan(
         state="present",
         path=request.path,
@@ -660,63 +560,107 @@ def plan(request: SysctlRequest) -> SysctlPlan:
         record_before=record_before,
         record_after=record_after if record_after else record_before,
         record_path=record_path,
-        conflicts=conflicts,
-        drift={"file": _file_drift(file_before, file_after), "live": live_drift},
+        conflicts=files.find_conflicts(request.path, keys, request.sysctl_dirs, request.sysctl_conf),
+        drift={"file": files.file_drift(file_before, file_after), "live": live_drift},
     )
 
 
-def write_live(proc_root: str, key: str, value: str) -> None:
-    path = _key_file(proc_root, key)
+def plan(request: SysctlRequest) -> SysctlPlan:
+    """Everything that would change, computed without touching anything."""
+    _check_paths(request)
+    record_path = os.path.join(request.state_dir, RECORD_NAME)
+    record_before = _read_record(request, record_path)
+    file_before = read_text(request.path)
+    if request.state == "absent":
+        return _plan_absent(request, record_path, record_before, file_before)
+    return _plan_present(request, record_path, record_before, file_before)
+
+
+class _Rollback:
+    """What execute changed, put back in reverse order when a later step fails."""
+
+    def __init__(self, p: SysctlPlan, proc_root: str) -> None:
+        self.p = p
+        self.proc_root = proc_root
+        self.old_record = files.raw_bytes(p.record_path) if os.path.isfile(p.record_path) else None
+        self.old_file = files.raw_bytes(p.path) if os.path.isfile(p.path) else None
+        self.old_file_mode = os.stat(p.path).st_mode & 0o7777 if self.old_file is not None else 0o644
+        self.created = files.missing_dirs(p.record_path) + files.missing_dirs(p.path)
+        self.done_live: List[Tuple[str, Optional[str]]] = []
+        self.wrote_record = self.wrote_file = False
+
+    def run(self) -> List[str]:
+        """Undo everything; the problems of what could not be put back."""
+        problems = []
+        for key, before in reversed(self.done_live):
+            if before is None:
+                continue
+            try:
+                write_live(self.proc_root, key, before)
+            except UmaError as err:
+                problems.append("%s not restored to %s (%s)" % (key, before, err.problem))
+        for wrote, path, raw, mode in (
+            (self.wrote_file, self.p.path, self.old_file, self.old_file_mode),
+            (self.wrote_record, self.p.record_path, self.old_record, 0o600),
+        ):
+            if wrote:
+                try:
+                    files.put_back(path, raw, mode)
+                except OSError as err:
+                    problems.append("%s not restored (%s)" % (path, err.strerror))
+        for directory in sorted(set(self.created), key=len, reverse=True):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        return problems
+
+    def note(self) -> str:
+        """Roll back and say how it went, for the end of the error's fix."""
+        problems = self.run()
+        if problems:
+            return " Rollback incomplete: %s." % "; ".join(problems)
+        return " Nothing was changed: live values, %s and the record are as before." % self.p.path
+
+
+def _write_files(p: SysctlPlan, undo: _Rollback) -> None:
+    """The record of originals first, then the drop-in file (each atomically)."""
     try:
-        with open(path, "w", encoding="ascii") as handle:
-            handle.write(value + "\n")
-    except (OSError, UnicodeError) as err:
+        if p.record_after != p.record_before and p.record_after is not None:
+            undo.wrote_record = True
+            atomic_write_json(p.record_path, p.record_after, 0o600)
+        if p.file_changed:
+            undo.wrote_file = True
+            if p.file_after is None:
+                if os.path.lexists(p.path):
+                    os.unlink(p.path)
+            else:
+                atomic_write(p.path, p.file_after, 0o644)
+    except OSError as err:
+        option = "state_dir" if undo.wrote_record and not undo.wrote_file else "path"
+        value = os.path.dirname(p.record_path) if option == "state_dir" else p.path
         raise UmaError(
-            key,
+            option,
             value,
-            "was refused: %s could not be written (%s)" % (path, getattr(err, "strerror", None) or err),
-            "Run with become: true, or set apply=false to only write the file.",
+            "could not be written (%s: %s); the old file stays whole" % (err.filename, err.strerror),
+            "Free space or fix permissions on that filesystem, then run again." + undo.note(),
         ) from None
 
 
-def _raw(path: str) -> Optional[bytes]:
-    """Exact bytes of a file (None when absent), to put it back on rollback."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read()
-    except FileNotFoundError:
-        return None
-
-
-def _missing_dirs(path: str) -> List[str]:
-    """Ancestors of path that do not exist yet, deepest first (atomic_write creates them)."""
-    out = []
-    directory = os.path.dirname(os.path.abspath(path))
-    while directory and not os.path.lexists(directory):
-        out.append(directory)
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
-    return out
-
-
-def _put_back(path: str, raw: Optional[bytes], mode: int) -> None:
-    if raw is None:
-        if os.path.lexists(path):
-            os.unlink(path)
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+def _write_live_values(p: SysctlPlan, proc_root: str, undo: _Rollback) -> None:
+    """The live values, each set only after the one before it took."""
+    for key, (before, after) in sorted(p.live_changed.items()):
+        try:
+            write_live(proc_root, key, after or "")
+        except UmaError as err:
+            raise UmaError(
+                err.option,
+                err.value,
+                "the kernel refused %s = %s (%s)" % (key, after, err.problem),
+                "Give a value this kernel accepts for %s, or set apply=false to only write the file." % key
+                + undo.note(),
+            ) from None
+        undo.done_live.append((key, before))
 
 
 def execute(p: SysctlPlan, proc_root: str) -> None:
@@ -728,77 +672,9 @@ def execute(p: SysctlPlan, proc_root: str) -> None:
     on the way are removed, and the error names the step, the key and what was
     rolled back.
     """
-    old_record = _raw(p.record_path) if os.path.isfile(p.record_path) else None
-    old_file = _raw(p.path) if os.path.isfile(p.path) else None
-    old_file_mode = os.stat(p.path).st_mode & 0o7777 if old_file is not None else 0o644
-    created = _missing_dirs(p.record_path) + _missing_dirs(p.path)
-    done_live: List[Tuple[str, Optional[str]]] = []
-    wrote_record = wrote_file = False
-
-    def rollback() -> List[str]:
-        problems = []
-        for key, before in reversed(done_live):
-            if before is None:
-                continue
-            try:
-                write_live(proc_root, key, before)
-            except UmaError as err:
-                problems.append("%s not restored to %s (%s)" % (key, before, err.problem))
-        for wrote, path, raw, mode in (
-            (wrote_file, p.path, old_file, old_file_mode),
-            (wrote_record, p.record_path, old_record, 0o600),
-        ):
-            if wrote:
-                try:
-                    _put_back(path, raw, mode)
-                except OSError as err:
-                    problems.append("%s not restored (%s)" % (path, err.strerror))
-        for directory in sorted(set(created), key=len, reverse=True):
-            try:
-                os.rmdir(directory)
-            except OSError:
-                pass
-        return problems
-
-    def undo_note(problems: List[str]) -> str:
-        if problems:
-            return " Rollback incomplete: %s." % "; ".join(problems)
-        return " Nothing was changed: live values, %s and the record are as before." % p.path
-
-    try:
-        if p.record_after != p.record_before and p.record_after is not None:
-            wrote_record = True
-            atomic_write_json(p.record_path, p.record_after, 0o600)
-        if p.file_changed:
-            wrote_file = True
-            if p.file_after is None:
-                if os.path.lexists(p.path):
-                    os.unlink(p.path)
-            else:
-                atomic_write(p.path, p.file_after, 0o644)
-    except OSError as err:
-        option = "state_dir" if wrote_record and not wrote_file else "path"
-        value = os.path.dirname(p.record_path) if option == "state_dir" else p.path
-        problems = rollback()
-        raise UmaError(
-            option,
-            value,
-            "could not be written (%s: %s); the old file stays whole" % (err.filename, err.strerror),
-            "Free space or fix permissions on that filesystem, then run again." + undo_note(problems),
-        ) from None
-    for key, (before, after) in sorted(p.live_changed.items()):
-        try:
-            write_live(proc_root, key, after or "")
-        except UmaError as err:
-            problems = rollback()
-            raise UmaError(
-                err.option,
-                err.value,
-                "the kernel refused %s = %s (%s)" % (key, after, err.problem),
-                "Give a value this kernel accepts for %s, or set apply=false to only write the file." % key
-                + undo_note(problems),
-            ) from None
-        done_live.append((key, before))
+    undo = _Rollback(p, proc_root)
+    _write_files(p, undo)
+    _write_live_values(p, proc_root, undo)
     if p.state == "absent" and p.record_before is not None:
         try:
             os.unlink(p.record_path)

@@ -16,14 +16,16 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import UmaError  # type: ignore[no-redef]
+    from _paths import ENGINE_NAME_PATTERN  # type: ignore[no-redef]
 
 Runner = Callable[[List[str]], Tuple[int, str, str]]
 
 # systemd's own rule is [A-Za-z0-9:_.\-] plus "@" for templates; the collection
 # only builds unit names from a safe subset so nothing needs escaping.
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(ENGINE_NAME_PATTERN)
 FINGERPRINT_RE = re.compile(r"\[sha256:([0-9a-f]{8,64})\]")
 
 SHOW_PROPERTIES = ("LoadState", "ActiveState", "SubState", "MainPID", "Description", "Result")

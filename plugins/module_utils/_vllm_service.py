@@ -20,6 +20,7 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN
 from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
 
 
@@ -28,7 +29,7 @@ class EngineModelError(ValueError):
     The filter plugins turn it into AnsibleFilterError with the same text."""
 
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(ENGINE_NAME_PATTERN)
 ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
 MULTINODE_BARE = ("--headless",)

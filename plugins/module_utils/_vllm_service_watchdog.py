@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError, container_name
@@ -90,7 +91,7 @@ def base_config(
         "_comment": settings.get("managed") or "Managed by uma.vllm (role vllm_service)",
         "engine": name,
         "rank": rank,
-        "state_dir": settings.get("state_dir") or "/var/lib/uma-vllm",
+        "state_dir": settings.get("state_dir") or _paths.STATE_DIR,
         "unified_memory": str(settings.get("unified_memory")).lower() in ("true", "yes", "1"),
     }
     for key, option in OPTIONS.items():

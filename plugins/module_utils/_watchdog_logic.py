@@ -30,9 +30,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
     from ansible_collections.uma.vllm.plugins.module_utils._sysctl import size_min_free_kbytes
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import UmaError  # type: ignore[no-redef]
+    from _paths import STATE_DIR  # type: ignore[no-redef]
     from _sysctl import size_min_free_kbytes  # type: ignore[no-redef]
 
 MIB = 1 << 20
@@ -97,7 +99,7 @@ DEFAULTS: Dict[str, Any] = {
     "evict_every_s": 30.0,
     "evict_scope": "model",  # model | global (drop_caches: every workload's cache)
     "unified_memory": False,
-    "state_dir": "/var/lib/uma-vllm",
+    "state_dir": STATE_DIR,
     "textfile_dir": None,  # None = no metrics file
     "proc_root": "/proc",  # processes of the local rank
     "meminfo_root": None,  # meminfo and vm sysctls; None = proc_root

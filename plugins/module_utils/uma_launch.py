@@ -73,6 +73,7 @@ try:
         _blockdev,
         _guard_config,
         _guard_watch,
+        _paths,
         _ranks,
         uma_guard,
     )
@@ -86,12 +87,13 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _guard_config  # type: ignore[no-redef]
     import _guard_watch  # type: ignore[no-redef]
+    import _paths  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
     from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
 
 PROG = "vllm-uma-launch"
-NODE_CONFIG = "/etc/uma-vllm/launch.json"
+NODE_CONFIG = _paths.CONFIG_DIR + "/launch.json"
 EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
@@ -127,9 +129,9 @@ DEFAULTS: Dict[str, Any] = {
     # longer than the guard's own 900 s: the launcher stops it at health, which may take health_timeout_s
     "guard_max_duration": 1800.0,
     "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
-    "state_dir": "/var/lib/uma-vllm",
+    "state_dir": _paths.STATE_DIR,
     "lib_dir": os.path.dirname(os.path.abspath(__file__)),
-    "python": sys.executable or "/usr/bin/python3",
+    "python": sys.executable or _paths.PYTHON,
     "plan": None,
     "cluster": None,  # a rank of a multi-node engine: rank, nnodes, head_addr, link_port (see _ranks.py)
     "watch_ranks": True,  # once healthy, a dead VLLM:: process of this engine is a failure

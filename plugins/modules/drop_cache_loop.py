@@ -212,9 +212,12 @@ node_files:
             "sha256_before": "9c1e..."}]
 """
 
+from typing import Any, Dict
+
 from ansible_collections.uma.vllm.plugins.module_utils import _guard_config as guard
 from ansible_collections.uma.vllm.plugins.module_utils import _guard_service as svc
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils import _paths
+from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
 from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
 from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 
@@ -234,9 +237,9 @@ def main() -> None:
             until_url=dict(type="str"),
             until_pid=dict(type="raw"),
             samples_file=dict(type="str"),
-            python=dict(type="str", default="/usr/bin/python3"),
-            lib_dir=dict(type="str", default="/usr/local/lib/uma-vllm"),
-            run_dir=dict(type="str", default="/run/uma-vllm"),
+            python=dict(type="str", default=_paths.PYTHON),
+            lib_dir=dict(type="str", default=_paths.LIB_DIR),
+            run_dir=dict(type="str", default=_paths.RUN_DIR),
             proc_root=dict(type="path", default="/proc"),
         ),
         supports_check_mode=True,
@@ -244,24 +247,20 @@ def main() -> None:
 
     systemd = Systemd.for_module(module)
     request = svc.GuardRequest(**module.params)
-    try:
-        p = svc.plan(request, systemd)
-    except UmaError as err:
-        module.fail_json(msg=err.message, option=err.option)
-    status = svc.read_status(p.status_file)
-    pid = p.pid_before if p.active_after else 0
-    active = None
-    if p.changed and not module.check_mode:
-        try:
-            done = svc.execute(p, systemd, module.warn)
-        except UmaError as err:
-            module.fail_json(msg=err.message, option=err.option, **svc.result(p, svc.read_status(p.status_file), 0))
-        status, pid = done["status"], done["pid"]
-        active = pid > 0
-    out = svc.result(p, status, pid, active)
-    if module._diff:
-        out["diff"] = p.diff()
-    module.exit_json(**out)
+
+    def result(p: svc.GuardPlan, done: Any) -> Dict[str, Any]:
+        if done is None:  # not executed (no change, or check mode): what runs now
+            return svc.result(p, svc.read_status(p.status_file), p.pid_before if p.active_after else 0)
+        return svc.result(p, done["status"], done["pid"], done["pid"] > 0)
+
+    run_module(
+        module,
+        lambda: svc.plan(request, systemd),
+        lambda p: svc.execute(p, systemd, module.warn),
+        result,
+        failed_result=lambda p: svc.result(p, svc.read_status(p.status_file), 0),
+        diff=lambda p: p.diff(),
+    )
 
 
 if __name__ == "__main__":

@@ -251,6 +251,7 @@ changed:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils import _diagnose_node as node
+from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 
 
@@ -259,8 +260,8 @@ def argument_spec():
     return dict(
         engines=dict(type="list", elements="str", default=[]),
         launch=dict(type="str", default="latest"),
-        state_dir=dict(type="path", default="/var/lib/uma-vllm"),
-        run_dir=dict(type="path", default="/run/uma-vllm"),
+        state_dir=dict(type="path", default=_paths.STATE_DIR),
+        run_dir=dict(type="path", default=_paths.RUN_DIR),
         proc_root=dict(type="path", default="/proc"),
         sysctl_keys=dict(
             type="list",

@@ -187,9 +187,13 @@ original:
   sample: {"vm.min_free_kbytes": "67584", "vm.dirty_ratio": "20"}
 """
 
+from typing import Any, Dict, List
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, path_error
+from ansible_collections.uma.vllm.plugins.module_utils import _paths
+from ansible_collections.uma.vllm.plugins.module_utils._common import path_error
+from ansible_collections.uma.vllm.plugins.module_utils._flow import Refusal, run_module
 from ansible_collections.uma.vllm.plugins.module_utils._sysctl import (
     DEFAULT_SYSCTL_CONF,
     DEFAULT_SYSCTL_DIRS,
@@ -215,7 +219,7 @@ def main() -> None:
             proc_root=dict(type="path", default="/proc"),
             sysctl_dirs=dict(type="list", elements="path", default=list(DEFAULT_SYSCTL_DIRS)),
             sysctl_conf=dict(type="path", default=DEFAULT_SYSCTL_CONF),
-            state_dir=dict(type="path", default="/var/lib/uma-vllm"),
+            state_dir=dict(type="path", default=_paths.STATE_DIR),
         ),
         supports_check_mode=True,
     )
@@ -227,52 +231,55 @@ def main() -> None:
         "sysctl_dirs": request.sysctl_dirs,
         "sysctl_conf": request.sysctl_conf,
     }
-    try:
-        p = plan(request)
-    except UmaError as err:
-        module.fail_json(msg=err.message, option=err.option)
-    except OSError as err:
-        err = path_error(err, paths)
-        module.fail_json(msg=err.message, option=err.option)
 
-    winners = [c for c in p.conflicts if c["wins_at_boot"]]
-    if winners and request.conflicts == "fail":
-        module.fail_json(
-            msg="option 'conflicts' = 'fail': %d setting(s) in other files would override %s at boot: %s. "
-            "Remove them from those files, or rename this file to sort after them."
-            % (len(winners), p.path, "; ".join("%s sets %s = %s" % (c["path"], c["key"], c["value"]) for c in winners)),
-            conflicts=p.conflicts,
-        )
-    if winners and request.conflicts == "warn":
-        for c in winners:
-            module.warn(
-                "%s sets %s = %s and wins over %s at boot (%s)" % (c["path"], c["key"], c["value"], p.path, c["reason"])
+    def refuse(p: Any) -> None:
+        winners = [c for c in p.conflicts if c["wins_at_boot"]]
+        if winners and request.conflicts == "fail":
+            raise Refusal(
+                "option 'conflicts' = 'fail': %d setting(s) in other files would override %s at boot: %s. "
+                "Remove them from those files, or rename this file to sort after them."
+                % (
+                    len(winners),
+                    p.path,
+                    "; ".join("%s sets %s = %s" % (c["path"], c["key"], c["value"]) for c in winners),
+                ),
+                conflicts=p.conflicts,
             )
 
-    if p.changed and not module.check_mode:
-        try:
-            execute(p, request.proc_root)
-        except UmaError as err:
-            module.fail_json(msg=err.message, option=err.option)
-        except OSError as err:
-            err = path_error(err, paths)
-            module.fail_json(msg=err.message, option=err.option)
+    def warnings(p: Any) -> List[str]:
+        if request.conflicts != "warn":
+            return []
+        return [
+            "%s sets %s = %s and wins over %s at boot (%s)" % (c["path"], c["key"], c["value"], p.path, c["reason"])
+            for c in p.conflicts
+            if c["wins_at_boot"]
+        ]
 
-    result = dict(
-        changed=p.changed,
-        path=p.path,
-        settings={k: v for k, v in p.live_after.items() if k in p.values} if request.apply else dict(p.values),
-        live_before=p.live_before,
-        live_after=p.live_after,
-        drift=p.drift,
-        conflicts=p.conflicts,
-        original=(p.record_after if p.state == "present" else p.record_before) or {},
+    def result(p: Any, _done: Any) -> Dict[str, Any]:
+        out = dict(
+            changed=p.changed,
+            path=p.path,
+            settings={k: v for k, v in p.live_after.items() if k in p.values} if request.apply else dict(p.values),
+            live_before=p.live_before,
+            live_after=p.live_after,
+            drift=p.drift,
+            conflicts=p.conflicts,
+            original=(p.record_after if p.state == "present" else p.record_before) or {},
+        )
+        if p.state == "present":
+            out["sizing"] = p.sizing
+        return out
+
+    run_module(
+        module,
+        lambda: plan(request),
+        lambda p: execute(p, request.proc_root),
+        result,
+        refuse=refuse,
+        warnings=warnings,
+        diff=lambda p: p.diff(),
+        translate=(OSError, lambda err: path_error(err, paths)),
     )
-    if p.state == "present":
-        result["sizing"] = p.sizing
-    if module._diff:
-        result["diff"] = p.diff()
-    module.exit_json(**result)
 
 
 if __name__ == "__main__":

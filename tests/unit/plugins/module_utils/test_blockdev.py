@@ -415,12 +415,12 @@ def test_program_runs_without_ansible(tmp_path, sysfs):
     import subprocess
     import sys
 
-    from ansible_collections.uma.vllm.plugins.module_utils import _common
+    from ansible_collections.uma.vllm.plugins.module_utils import _readahead
 
     lib = tmp_path / "lib"
     lib.mkdir()
-    shutil.copy(_blockdev.__file__, lib / "_blockdev.py")
-    shutil.copy(_common.__file__, lib / "_common.py")
+    for program in _readahead.NODE_FILES:  # what readahead_window installs: _blockdev, _common, _paths
+        shutil.copy(program.__file__, lib / os.path.basename(program.__file__))
     path, _data = _record(tmp_path, sysfs)
     env = {"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(

@@ -76,3 +76,25 @@ def test_monitoring_ships_everything_its_collector_imports():
     for program in programs:
         missing = closure(program) - programs
         assert not missing, "roles/monitoring/vars/main.yml __monitoring_programs lacks %s" % sorted(missing)
+
+
+def test_the_alerts_scenario_installs_everything_the_watchdog_imports():
+    """molecule/monitoring_alerts copies the watchdog by hand: its list follows the imports too."""
+    with open(os.path.join(ROOT, "molecule", "monitoring_alerts", "prepare.yml"), encoding="utf-8") as handle:
+        plays = yaml.safe_load(handle)
+    lists = [
+        task["loop"]
+        for play in plays
+        for task in play.get("tasks", [])
+        if "uma_watchdog.py" in (task.get("loop") or [])
+    ]
+    assert len(lists) == 1, "the task that installs uma_watchdog.py was not found"
+    missing = closure("uma_watchdog.py") - set(lists[0])
+    assert not missing, "molecule/monitoring_alerts/prepare.yml lacks %s" % sorted(missing)
+
+
+def test_readahead_window_installs_everything_its_restorer_imports():
+    from ansible_collections.uma.vllm.plugins.module_utils import _readahead
+
+    installed = {module.__name__.rpartition(".")[2] + ".py" for module in _readahead.NODE_FILES}
+    assert closure("_blockdev.py") == installed
