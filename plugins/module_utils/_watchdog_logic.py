@@ -37,6 +37,8 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     from _paths import STATE_DIR  # type: ignore[no-redef]
     from _sysctl import size_min_free_kbytes  # type: ignore[no-redef]
 
+_D = Dict[str, Any]  # short names for the signatures of validate()'s checks and decide()'s steps
+_Acts = List[Dict[str, Any]]
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -108,19 +110,8 @@ DEFAULTS: Dict[str, Any] = {
     "api_key_env": "VLLM_API_KEY",
 }
 
-_POSITIVE = (
-    "interval_s",
-    "health_timeout_s",
-    "probe_timeout_s",
-    "busy_stall_s",
-    "start_timeout_s",
-    "peer_timeout_s",
-    "peer_ack_timeout_s",
-    "backoff_initial_s",
-    "backoff_max_s",
-    "window_s",
-    "evict_every_s",
-)
+_POSITIVE = ("interval_s", "health_timeout_s", "probe_timeout_s", "busy_stall_s", "start_timeout_s", "peer_timeout_s",
+             "peer_ack_timeout_s", "backoff_initial_s", "backoff_max_s", "window_s", "evict_every_s")  # fmt: skip
 
 
 def _number(key: str, value: Any, fix: str) -> float:
@@ -129,16 +120,8 @@ def _number(key: str, value: Any, fix: str) -> float:
     return float(value)
 
 
-def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
-    """Defaults plus ``raw`` (the JSON config), refused with one clear error naming key, value, fix."""
-    if not isinstance(raw, dict):
-        raise UmaError(source, raw, "is not a JSON object", "Write the watchdog's config as a JSON object.")
-    raw = {k: v for k, v in raw.items() if k != "_comment"}  # the role's ansible_managed note
-    unknown = sorted(k for k in raw if k not in DEFAULTS)
-    if unknown:
-        raise UmaError(unknown[0], raw[unknown[0]], "is not a watchdog option", "Use one of: %s." % ", ".join(DEFAULTS))
-    cfg = dict(DEFAULTS)
-    cfg.update({k: v for k, v in raw.items() if v is not None})
+def _check_names(cfg: _D) -> None:
+    """engine (and the unit named after it) and rank."""
     engine = cfg["engine"]
     if not isinstance(engine, str) or not engine or not all(c.isalnum() or c in "._-" for c in engine):
         raise UmaError("engine", engine, "is not an engine name", "Give the engine's name, e.g. 'main'.")
@@ -147,6 +130,10 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
     rank = cfg["rank"]
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
         raise UmaError("rank", rank, "is not a node rank", "Give 0 on the node that serves the API, 1.. on the others.")
+
+
+def _check_numbers(cfg: _D) -> None:
+    """Durations, whole numbers, the port and the bounds between them."""
     for key in _POSITIVE:
         cfg[key] = _number(key, cfg[key], "Give e.g. %s." % DEFAULTS[key])
     grace = cfg["rank_link_grace_s"]
@@ -160,31 +147,28 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
     if cfg["status_port"] > 65535:
         raise UmaError("status_port", cfg["status_port"], "is not a TCP port", "Give 1-65535, or 0 for none.")
     if cfg["backoff_max_s"] < cfg["backoff_initial_s"]:
-        raise UmaError(
-            "backoff_max_s", cfg["backoff_max_s"], "is below backoff_initial_s", "Give a cap >= backoff_initial_s."
-        )
+        raise UmaError("backoff_max_s", cfg["backoff_max_s"], "is below backoff_initial_s",
+                       "Give a cap >= backoff_initial_s.")  # fmt: skip
     if cfg["probe_timeout_s"] >= cfg["busy_stall_s"]:
-        raise UmaError(
-            "busy_stall_s", cfg["busy_stall_s"], "must exceed probe_timeout_s", "Give a stall bound of minutes."
-        )
+        raise UmaError("busy_stall_s", cfg["busy_stall_s"], "must exceed probe_timeout_s",
+                       "Give a stall bound of minutes.")  # fmt: skip
     if not isinstance(cfg["base_url"], str) or not cfg["base_url"].startswith(("http://", "https://")):
         raise UmaError("base_url", cfg["base_url"], "is not an http(s) URL", "Give e.g. http://127.0.0.1:8000.")
     cfg["base_url"] = cfg["base_url"].rstrip("/")
     if cfg["evict_scope"] not in ("model", "global"):
-        raise UmaError(
-            "evict_scope", cfg["evict_scope"], "is not model or global", "Use model (only the engine's shards)."
-        )
+        raise UmaError("evict_scope", cfg["evict_scope"], "is not model or global",
+                       "Use model (only the engine's shards).")  # fmt: skip
+
+
+def _check_ranks(cfg: _D) -> None:
+    """peers (rank 0) or leader_url (the others), and the status port both need."""
     peers = cfg["peers"]
     if not isinstance(peers, list):
         raise UmaError("peers", peers, "is not a list", "Give [{'name': 'ai2', 'url': 'http://ai2:9411/status'}].")
     names = set()
     for peer in peers:
-        if (
-            not isinstance(peer, dict)
-            or not isinstance(peer.get("name"), str)
-            or not isinstance(peer.get("url"), str)
-            or not peer["url"].startswith("http://")
-        ):
+        if not isinstance(peer, dict) or not isinstance(peer.get("name"), str) or not isinstance(
+                peer.get("url"), str) or not peer["url"].startswith("http://"):  # fmt: skip
             raise UmaError("peers", peer, "is not {name, url} with an http:// URL", "Give each peer's watchdog URL.")
         if peer["name"] in names:
             raise UmaError("peers", peer, "names a peer twice", "Give each peer once.")
@@ -194,34 +178,29 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
     if cfg["rank"] != 0:
         url = cfg["leader_url"]
         if not isinstance(url, str) or not url.startswith("http://"):
-            raise UmaError(
-                "leader_url", url, "is needed on a rank > 0", "Give rank 0's watchdog URL, e.g. http://ai1:9411/status."
-            )
+            raise UmaError("leader_url", url, "is needed on a rank > 0",
+                           "Give rank 0's watchdog URL, e.g. http://ai1:9411/status.")  # fmt: skip
         if cfg["status_port"] == 0:
-            raise UmaError(
-                "status_port", 0, "must be set on a rank > 0 (rank 0 reads it)", "Give e.g. 9411 on every node."
-            )
+            raise UmaError("status_port", 0, "must be set on a rank > 0 (rank 0 reads it)",
+                           "Give e.g. 9411 on every node.")  # fmt: skip
     if peers and cfg["status_port"] == 0:
         raise UmaError("status_port", 0, "must be set when peers are given", "Give e.g. 9411 on every node.")
+
+
+def _check_rest(cfg: _D) -> None:
+    """processes, the floors, container and unified_memory."""
     processes = cfg["processes"]
     if not isinstance(processes, list) or not all(
-        isinstance(p, dict)
-        and isinstance(p.get("match"), str)
-        and isinstance(p.get("min", 1), int)
-        and not isinstance(p.get("min", 1), bool)
-        and p.get("min", 1) >= 1
-        for p in processes
-    ):
-        raise UmaError(
-            "processes", processes, "is not a list of {match, min}", "Give e.g. [{'match': 'VLLM::Worker', 'min': 1}]."
-        )
+            isinstance(p, dict) and isinstance(p.get("match"), str) and isinstance(p.get("min", 1), int)
+            and not isinstance(p.get("min", 1), bool) and p.get("min", 1) >= 1 for p in processes):  # fmt: skip
+        raise UmaError("processes", processes, "is not a list of {match, min}",
+                       "Give e.g. [{'match': 'VLLM::Worker', 'min': 1}].")  # fmt: skip
     for p in processes:
         try:
             re.compile(p["match"])
         except re.error as err:
-            raise UmaError(
-                "processes", p["match"], "is not a regular expression (%s)" % err, "Fix the pattern."
-            ) from None
+            raise UmaError("processes", p["match"], "is not a regular expression (%s)" % err,
+                           "Fix the pattern.") from None  # fmt: skip
     for key in ("warn_floor_mib", "critical_floor_mib", "ram_gib"):
         value = cfg[key]
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
@@ -235,6 +214,20 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
         cfg["meminfo_root"] = cfg["proc_root"]
     if not isinstance(cfg["unified_memory"], bool):
         raise UmaError("unified_memory", cfg["unified_memory"], "is not a boolean", "Give true or false.")
+
+
+def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
+    """Defaults plus ``raw`` (the JSON config), refused with one clear error naming key, value, fix."""
+    if not isinstance(raw, dict):
+        raise UmaError(source, raw, "is not a JSON object", "Write the watchdog's config as a JSON object.")
+    raw = {k: v for k, v in raw.items() if k != "_comment"}  # the role's ansible_managed note
+    unknown = sorted(k for k in raw if k not in DEFAULTS)
+    if unknown:
+        raise UmaError(unknown[0], raw[unknown[0]], "is not a watchdog option", "Use one of: %s." % ", ".join(DEFAULTS))
+    cfg = dict(DEFAULTS)
+    cfg.update({k: v for k, v in raw.items() if v is not None})
+    for check in (_check_names, _check_numbers, _check_ranks, _check_rest):  # in this order: first error wins
+        check(cfg)
     return cfg
 
 
@@ -242,20 +235,14 @@ def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
 # Memory floors
 
 
-def size_floors(
-    ram_bytes: int, warn_mib: Optional[float] = None, critical_mib: Optional[float] = None
-) -> Dict[str, Any]:
+def size_floors(ram_bytes: int, warn_mib: Optional[float] = None, critical_mib: Optional[float] = None) -> _D:
     """Warning and critical floors for MemAvailable, from RAM like the reserve (uma-3pct-v1)."""
     reserve = size_min_free_kbytes(int(ram_bytes))["min_free_kbytes"] * 1024
     critical = int(critical_mib * MIB) if critical_mib is not None else reserve
     warn = int(warn_mib * MIB) if warn_mib is not None else max(critical * WARN_FACTOR, reserve * WARN_FACTOR)
     if warn <= critical:
-        raise UmaError(
-            "warn_floor_mib",
-            warn // MIB,
-            "is not above critical_floor_mib (%d)" % (critical // MIB),
-            "Give a warning floor above the critical one.",
-        )
+        raise UmaError("warn_floor_mib", warn // MIB, "is not above critical_floor_mib (%d)" % (critical // MIB),
+                       "Give a warning floor above the critical one.")  # fmt: skip
     if warn >= ram_bytes:
         raise UmaError("warn_floor_mib", warn // MIB, "is not below the host's RAM", "Give a smaller floor.")
     return {
@@ -392,12 +379,9 @@ def liveness(cfg: Dict[str, Any], obs: Dict[str, Any], state: Dict[str, Any], no
             return {"ok": True, "kind": "busy", "reason": "busy, counters moving"}
         stalled = now - since
         if stalled >= cfg["busy_stall_s"]:
-            return {
-                "ok": False,
-                "kind": "busy_stall",
-                "reason": "busy (running %d, waiting %d) with no counter progress for %.0f s"
-                % (metrics.get("running", 0), metrics.get("waiting", 0), stalled),
-            }
+            return {"ok": False, "kind": "busy_stall",
+                    "reason": "busy (running %d, waiting %d) with no counter progress for %.0f s" % (
+                        metrics.get("running", 0), metrics.get("waiting", 0), stalled)}  # fmt: skip
         return {"ok": True, "kind": "busy", "reason": "busy, no progress for %.0f s (bound %.0f s)" % (
             stalled, cfg["busy_stall_s"])}  # fmt: skip
     probe = obs.get("probe")
@@ -442,17 +426,9 @@ def _set_phase(state: Dict[str, Any], phase: str, now: float, reason: str) -> No
     state["reason"] = reason
 
 
-def decide(
-    cfg: Dict[str, Any], floors: Dict[str, Any], state: Dict[str, Any], obs: Dict[str, Any], now: float
-) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
-    """The next state and the actions for one tick (rank 0 decides restarts; peers only evict and report).
-
-    Actions: ``{"do": "evict" | "restart" | "stop" | "record", "reason": ..., "evidence": {...}}``.
-    """
-    s = copy.deepcopy(state)
-    actions: List[Dict[str, Any]] = []
+def _systemd_restarts(cfg: _D, s: _D, obs: _D, now: float, evidence: _D, actions: _Acts) -> int:
+    """Age the window; count the restarts systemd made by itself (Restart=on-failure) in it."""
     s["restarts"] = [t for t in s["restarts"] if now - t < cfg["window_s"]]
-    # restarts systemd made by itself (Restart=on-failure) count in the same window
     seen = obs.get("n_restarts")
     by_systemd = 0
     if isinstance(seen, int):
@@ -461,7 +437,6 @@ def decide(
             s["restarts"] += [now] * by_systemd
             s["counts"]["restarts"] += by_systemd
         s["n_restarts_seen"] = seen
-    evidence = {k: obs.get(k) for k in ("unit", "local", "health", "metrics", "probe", "peers", "mem") if k in obs}
     if by_systemd:
         # the launcher exited (69: a rank, a rank process or a peer failed; the rank link stopped
         # every rank) and systemd's Restart= brings it back: not the watchdog's restart to
@@ -470,71 +445,72 @@ def decide(
             "systemd restarted the engine (exit status %s): %d restart(s) in the last %.0f s, limit %d" % (
                 obs.get("exit_status"), len(s["restarts"]), cfg["window_s"], cfg["max_restarts"])),
             "evidence": evidence})  # fmt: skip
+    return by_systemd
 
-    # memory floors: evict at the warning floor (every node), restart at the critical one (rank 0)
+
+def _floors_step(cfg: _D, floors: _D, s: _D, obs: _D, now: float, actions: _Acts) -> Tuple[str, str]:
+    """Memory floors: evict at the warning floor (every node); count critical ticks (rank 0 restarts)."""
     level, why = floor_level(obs.get("mem"), floors)
     s["floor"] = level
-    if level == "critical":
-        s["critical_ticks"] += 1
-    else:
-        s["critical_ticks"] = 0
+    s["critical_ticks"] = s["critical_ticks"] + 1 if level == "critical" else 0
     if level in ("warn", "critical"):
         last = s.get("last_evict_at")
         if last is None or now - last >= cfg["evict_every_s"]:
             s["last_evict_at"] = now
             s["counts"]["floor_warn"] += 1
             actions.append({"do": "evict", "reason": why, "evidence": {"mem": obs.get("mem"), "floors": floors}})
+    return level, why
 
-    if s["phase"] == "gave_up":
-        if obs.get("unit") in ("active", "activating") and s.get("stopped_by_us"):
-            # someone started the engine again by hand: watch it afresh
-            s["stopped_by_us"] = False
-            s["restarts"] = []  # the operator took over: a fresh window, not an immediate second give-up
-            _set_phase(s, "starting", now, "engine started by an operator after the watchdog gave up")
-            actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
-        return s, actions
 
+def _gave_up_step(s: _D, obs: _D, now: float, evidence: _D, actions: _Acts) -> None:
+    """After a give-up only an operator's start is watched afresh."""
+    if obs.get("unit") in ("active", "activating") and s.get("stopped_by_us"):
+        s["stopped_by_us"] = False
+        s["restarts"] = []  # the operator took over: a fresh window, not an immediate second give-up
+        _set_phase(s, "starting", now, "engine started by an operator after the watchdog gave up")
+        actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
+
+
+def _systemd_bound(cfg: _D, s: _D, obs: _D, by_systemd: int) -> Optional[str]:
+    """Rank 0: why the restarts systemd made (Restart= after every rank exited 69, its start limit) are
+    over their bound, to give up the same way: every rank stopped and left stopped (None = not over)."""
     unit = obs.get("unit")
-    if cfg["rank"] == 0 and not s.get("stopped_by_us"):
-        # restarts the watchdog did not make are bounded too: over the limit (systemd's
-        # Restart= after every rank exited 69) or systemd's own start limit hit = give up
-        # the same way: every rank stopped and left stopped, the reason published
-        bound = None
-        if by_systemd and len(s["restarts"]) > cfg["max_restarts"]:
-            bound = "systemd restarted the engine %d times in %.0f s (limit %d; last exit status %s)" % (
-                len(s["restarts"]),
-                cfg["window_s"],
-                cfg["max_restarts"],
-                obs.get("exit_status"),
-            )
-        elif unit == "failed" and obs.get("result") == "start-limit-hit":
-            bound = "systemd's start limit hit (StartLimitBurst) after %d restarts in %.0f s; last exit status %s" % (
-                len(s["restarts"]),
-                cfg["window_s"],
-                obs.get("exit_status"),
-            )
-        elif unit == "failed" and s["restarts"]:
-            # systemd restarted it, then stopped restarting (its start limit, an exit it does not
-            # restart): the engine is down for good; make that a clear, whole-engine state
-            bound = "the engine unit failed (%s, last exit status %s) after %d restart(s) in %.0f s" % (
-                obs.get("result"),
-                obs.get("exit_status"),
-                len(s["restarts"]),
-                cfg["window_s"],
-            )
-        if bound is not None:
-            s["counts"]["gave_up"] += 1
-            s["stopped_by_us"] = True
-            _set_phase(s, "gave_up", now, "gave up: %s" % bound)
-            actions.append({"do": "stop", "reason": s["reason"], "evidence": evidence})
-            return s, actions
-    if unit is not None and unit not in ("active", "activating", "reloading"):
-        # stopped or failed not by us: an operator's stop or systemd's own start limit; never fight it
-        if s["phase"] != "stopped":
-            _set_phase(s, "stopped", now, "engine unit is %s (not stopped by the watchdog): watching only" % unit)
-            actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
-        s["fails"] = 0
-        return s, actions
+    if cfg["rank"] != 0 or s.get("stopped_by_us"):
+        return None
+    if by_systemd and len(s["restarts"]) > cfg["max_restarts"]:
+        return "systemd restarted the engine %d times in %.0f s (limit %d; last exit status %s)" % (
+            len(s["restarts"]), cfg["window_s"], cfg["max_restarts"], obs.get("exit_status"))  # fmt: skip
+    if unit == "failed" and obs.get("result") == "start-limit-hit":
+        return "systemd's start limit hit (StartLimitBurst) after %d restarts in %.0f s; last exit status %s" % (
+            len(s["restarts"]), cfg["window_s"], obs.get("exit_status"))  # fmt: skip
+    if unit == "failed" and s["restarts"]:
+        # systemd restarted it, then stopped restarting (its start limit, an exit it does not
+        # restart): the engine is down for good; make that a clear, whole-engine state
+        return "the engine unit failed (%s, last exit status %s) after %d restart(s) in %.0f s" % (
+            obs.get("result"), obs.get("exit_status"), len(s["restarts"]), cfg["window_s"])  # fmt: skip
+    return None
+
+
+def _give_up(s: _D, now: float, reason: str, evidence: _D, actions: _Acts) -> None:
+    s["counts"]["gave_up"] += 1
+    s["stopped_by_us"] = True
+    _set_phase(s, "gave_up", now, reason)
+    actions.append({"do": "stop", "reason": s["reason"], "evidence": evidence})
+
+
+def _unit_not_active_step(s: _D, unit: Optional[str], now: float, evidence: _D, actions: _Acts) -> bool:
+    """Stopped or failed not by us (an operator's stop, systemd's own start limit): never fight it."""
+    if unit is None or unit in ("active", "activating", "reloading"):
+        return False
+    if s["phase"] != "stopped":
+        _set_phase(s, "stopped", now, "engine unit is %s (not stopped by the watchdog): watching only" % unit)
+        actions.append({"do": "record", "reason": s["reason"], "evidence": evidence})
+    s["fails"] = 0
+    return True
+
+
+def _new_start_step(s: _D, obs: _D, unit: Optional[str], now: float) -> None:
+    """A unit running again, a new invocation or systemd's own restart: back to "starting"."""
     invocation = obs.get("invocation")
     restarted = bool(invocation) and s.get("invocation") not in (None, invocation)
     if invocation:
@@ -552,6 +528,9 @@ def decide(
         _set_phase(s, "starting", now, "engine unit is activating (restarted by systemd)")
         s["fails"] = 0
 
+
+def _verdict_step(cfg: _D, s: _D, obs: _D, now: float, level: str, why: str) -> Tuple[_D, bool]:
+    """The liveness verdict, the progress counters remembered, a critical floor overriding the verdict."""
     verdict = liveness(cfg, obs, s, now)
     metrics = obs.get("metrics")
     if metrics and metrics.get("progress") is not None:
@@ -559,91 +538,115 @@ def decide(
             s["progress"] = metrics["progress"]
             s["progress_at"] = now
     s["last_verdict"] = verdict
-
     critical = level == "critical" and s["critical_ticks"] >= cfg["floor_samples"]
     if critical:
         verdict = {"ok": False, "kind": "floor", "reason": why}
+    return verdict, critical
 
+
+def _rank_link_step(cfg: _D, s: _D, verdict: _D, now: float) -> bool:
+    """True = a gone rank process or lost peer is left, within its grace, to the launchers' rank link: it
+    stops every rank (exit 69) and systemd restarts the engine; a restart by the watchdog would fight it."""
     multi_node = bool(cfg["peers"]) or cfg["rank"] != 0
-    if not verdict["ok"] and verdict.get("rank_link") and multi_node and cfg["rank_link_grace_s"] > 0:
-        # a gone rank process or a lost peer: the launchers' rank link stops every rank (exit 69)
-        # and systemd restarts the engine; a second restart by the watchdog would fight it
-        since = s.get("rank_link_since")
-        if since is None:
-            s["rank_link_since"] = since = now
-        if now - since < cfg["rank_link_grace_s"]:
-            if s["phase"] != "starting":
-                _set_phase(s, "suspect", now, "%s; left to the rank link for %.0f of %.0f s" % (
-                    verdict["reason"], now - since, cfg["rank_link_grace_s"]))  # fmt: skip
-            return s, actions
-    else:
+    if verdict["ok"] or not verdict.get("rank_link") or not multi_node or cfg["rank_link_grace_s"] <= 0:
         s["rank_link_since"] = None
+        return False
+    since = s.get("rank_link_since")
+    if since is None:
+        s["rank_link_since"] = since = now
+    if now - since >= cfg["rank_link_grace_s"]:
+        return False
+    if s["phase"] != "starting":
+        _set_phase(s, "suspect", now, "%s; left to the rank link for %.0f of %.0f s" % (
+            verdict["reason"], now - since, cfg["rank_link_grace_s"]))  # fmt: skip
+    return True
 
-    if s["phase"] == "starting":
-        if verdict["ok"] and unit != "activating":
-            _set_phase(s, "healthy", now, verdict["reason"])
-            s["fails"] = 0
-            return s, actions
-        waited = now - s["phase_since"]
-        # a load is slow and its ranks appear one by one: only the floor or the
-        # start timeout end a start (a start whose process exits is systemd's)
-        if critical:
-            pass
-        elif waited < cfg["start_timeout_s"]:
-            return s, actions
-        else:
-            verdict = {"ok": False, "kind": "start_timeout", "reason": "not healthy %.0f s after start (%s)" % (
-                waited, verdict["reason"])}  # fmt: skip
-            s["fails"] = cfg["fail_threshold"]
 
+def _starting_step(cfg: _D, s: _D, verdict: _D, unit: Optional[str], critical: bool, now: float) -> Optional[_D]:
+    """While starting: healthy ends the start; only the floor or the start timeout fail it (None = wait)."""
+    if s["phase"] != "starting":
+        return verdict
+    if verdict["ok"] and unit != "activating":
+        _set_phase(s, "healthy", now, verdict["reason"])
+        s["fails"] = 0
+        return None
+    waited = now - s["phase_since"]
+    # a load is slow and its ranks appear one by one (a start whose process exits is systemd's)
+    if critical:
+        return verdict
+    if waited < cfg["start_timeout_s"]:
+        return None
+    s["fails"] = cfg["fail_threshold"]
+    return {"ok": False, "kind": "start_timeout", "reason": "not healthy %.0f s after start (%s)" % (
+        waited, verdict["reason"])}  # fmt: skip
+
+
+def _fail_restart_step(cfg: _D, s: _D, verdict: _D, critical: bool, now: float, evidence: _D, actions: _Acts) -> None:
+    """Recover, count a failure, back off, give up at the window's limit, or restart the engine (rank 0)."""
     if verdict["ok"]:
         if s["phase"] in ("suspect", "backoff"):
             _set_phase(s, "healthy", now, "recovered: %s" % verdict["reason"])
         s["fails"] = 0
-        return s, actions
-
+        return
     s["fails"] += 1
     if critical:
         s["fails"] = max(s["fails"], cfg["fail_threshold"])
     if s["fails"] < cfg["fail_threshold"]:
         _set_phase(s, "suspect", now, verdict["reason"])
-        return s, actions
+        return
     if s["phase"] != "backoff":
         s["counts"]["floor_critical" if critical else "wedges"] += 1
-    if cfg["rank"] != 0:
-        # peers report; rank 0 restarts the whole engine
+    if cfg["rank"] != 0:  # peers report; rank 0 restarts the whole engine
         _set_phase(s, "suspect", now, verdict["reason"])
-        return s, actions
+        return
     if len(s["restarts"]) >= cfg["max_restarts"]:
-        s["counts"]["gave_up"] += 1
-        s["stopped_by_us"] = True
-        _set_phase(
-            s,
-            "gave_up",
-            now,
-            "gave up after %d restarts in %.0f s; last: %s" % (len(s["restarts"]), cfg["window_s"], verdict["reason"]),
-        )
-        actions.append({"do": "stop", "reason": s["reason"], "evidence": evidence})
-        return s, actions
+        _give_up(s, now, "gave up after %d restarts in %.0f s; last: %s" % (
+            len(s["restarts"]), cfg["window_s"], verdict["reason"]), evidence, actions)  # fmt: skip
+        return
     wait = backoff_s(cfg, len(s["restarts"]))
-    last = max(s["restarts"]) if s["restarts"] else None
-    not_before = (last + wait) if last is not None else now
+    not_before = (max(s["restarts"]) + wait) if s["restarts"] else now
     if now < not_before and not critical:
         s["next_restart_at"] = not_before
         _set_phase(s, "backoff", now, "%s; next restart in %.0f s" % (verdict["reason"], not_before - now))
-        return s, actions
+        return
     s["restarts"].append(now)
     s["counts"]["restarts"] += 1
     s["epoch"] += 1
-    s["fails"] = 0
-    s["critical_ticks"] = 0
-    s["next_restart_at"] = None
-    s["progress"] = None
-    s["progress_at"] = None
+    s.update(fails=0, critical_ticks=0, next_restart_at=None, progress=None, progress_at=None)
     _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
-    # a restart from "starting" (start timeout, critical floor) is a new start: its own start_timeout_s
-    s["phase_since"] = now
+    s["phase_since"] = now  # a restart from "starting" (start timeout, critical floor) gets its own start_timeout_s
     actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})
+
+
+def decide(
+    cfg: Dict[str, Any], floors: Dict[str, Any], state: Dict[str, Any], obs: Dict[str, Any], now: float
+) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
+    """The next state and the actions for one tick (rank 0 decides restarts; peers only evict and report).
+
+    Actions: ``{"do": "evict" | "restart" | "stop" | "record", "reason": ..., "evidence": {...}}``.
+    """
+    s = copy.deepcopy(state)
+    actions: List[Dict[str, Any]] = []
+    evidence = {k: obs.get(k) for k in ("unit", "local", "health", "metrics", "probe", "peers", "mem") if k in obs}
+    by_systemd = _systemd_restarts(cfg, s, obs, now, evidence, actions)
+    level, why = _floors_step(cfg, floors, s, obs, now, actions)
+    if s["phase"] == "gave_up":
+        _gave_up_step(s, obs, now, evidence, actions)
+        return s, actions
+    unit = obs.get("unit")
+    bound = _systemd_bound(cfg, s, obs, by_systemd)
+    if bound is not None:
+        _give_up(s, now, "gave up: %s" % bound, evidence, actions)
+        return s, actions
+    if _unit_not_active_step(s, unit, now, evidence, actions):
+        return s, actions
+    _new_start_step(s, obs, unit, now)
+    verdict, critical = _verdict_step(cfg, s, obs, now, level, why)
+    if _rank_link_step(cfg, s, verdict, now):
+        return s, actions
+    verdict = _starting_step(cfg, s, verdict, unit, critical, now)
+    if verdict is not None:
+        _fail_restart_step(cfg, s, verdict, critical, now, evidence, actions)
     return s, actions
 
 
@@ -661,11 +664,8 @@ def peer_view(status: Optional[Dict[str, Any]], age_s: Optional[float], cfg: Dic
     if status.get("unit") not in ("active", "activating", "reloading"):
         return {"ok": False, "reason": "engine unit is %s" % status.get("unit")}
     if not local.get("ok"):
-        return {
-            "ok": False,
-            "reason": local.get("reason") or "rank processes missing",
-            "stopped": bool(local.get("stopped")),
-        }
+        return {"ok": False, "reason": local.get("reason") or "rank processes missing",
+                "stopped": bool(local.get("stopped"))}  # fmt: skip
     return {"ok": True, "reason": "alive", "critical_floor": status.get("floor") == "critical"}
 
 
