@@ -48,18 +48,20 @@ lives (the engine would go on answering /health 200) is a failure, exit 69.
 Each launch leaves ``<state_dir>/launches/<engine>/<UTC stamp>/`` with
 ``launch.json``, the guard's ``guard.json`` and ``samples.jsonl`` (memory
 timeline), and a ``latest`` link, for uma.vllm.oom_diagnose.
+
+This file is the launch itself (``Launch``: the steps above, the clean-up) and ``main``.
+Its other parts are node-side files of their own, shipped with it into the node's lib_dir:
+
+- ``_launch_config.py`` exit codes, defaults, the command line, load_config and the validator
+- ``_launch_node.py``   the log, the launch lock, model files and eviction, child set-up
+
+The names other code uses (``validate``, ``merge_config``, ``Log``, ``LaunchLock``,
+``DEFAULTS``, the ``EXIT_*`` codes) stay importable from ``uma_launch``.
 """
 
 from __future__ import annotations
 
-import argparse
-import ctypes
-import errno
-import fcntl
-import grp
-import json
 import os
-import pwd
 import re
 import signal
 import subprocess
@@ -69,37 +71,79 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils import (
-        _blockdev,
-        _guard_config,
-        _guard_watch,
-        _paths,
-        _ranks,
-        uma_guard,
-    )
+    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_watch, _ranks
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         atomic_write_json,
         read_json,
         read_meminfo,
     )
+    from ansible_collections.uma.vllm.plugins.module_utils._launch_config import (
+        DEFAULTS,
+        EXIT_ADMISSION,
+        EXIT_CONFIG,
+        EXIT_HEALTH_TIMEOUT,
+        EXIT_LOCK_TIMEOUT,
+        EXIT_PEER,
+        PROG,
+        load_config,
+        merge_config,
+        validate,
+    )
+    from ansible_collections.uma.vllm.plugins.module_utils._launch_node import (
+        LaunchLock,
+        Log,
+        _engine_child,
+        _fmt,
+        _set_pdeathsig,
+        acquire_lock,
+        drop_caches,
+        evict_files,
+        exit_code,
+        model_files,
+        node_shutting_down,
+        set_oom_score_adj,
+        stamp,
+    )
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
-    import _guard_config  # type: ignore[no-redef]
     import _guard_watch  # type: ignore[no-redef]
-    import _paths  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
-    import uma_guard  # type: ignore[no-redef]
     from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
+    from _launch_config import (  # type: ignore[no-redef]
+        DEFAULTS,
+        EXIT_ADMISSION,
+        EXIT_CONFIG,
+        EXIT_HEALTH_TIMEOUT,
+        EXIT_LOCK_TIMEOUT,
+        EXIT_PEER,
+        PROG,
+        load_config,
+        merge_config,
+        validate,
+    )
+    from _launch_node import (  # type: ignore[no-redef]
+        LaunchLock,
+        Log,
+        _engine_child,
+        _fmt,
+        _set_pdeathsig,
+        acquire_lock,
+        drop_caches,
+        evict_files,
+        exit_code,
+        model_files,
+        node_shutting_down,
+        set_oom_score_adj,
+        stamp,
+    )
 
-PROG = "vllm-uma-launch"
-NODE_CONFIG = _paths.CONFIG_DIR + "/launch.json"
-EXIT_LOCK_TIMEOUT = 75  # EX_TEMPFAIL: try again later
-EXIT_CONFIG = 78  # EX_CONFIG
-EXIT_HEALTH_TIMEOUT = 124  # like timeout(1)
-EXIT_PEER = 69  # EX_UNAVAILABLE: a rank or rank process of this engine failed; systemd restarts it
-# EX_TEMPFAIL, like a lock timeout: the node has not the memory the plan's start needs now
-EXIT_ADMISSION = 75
+# Names other code imports from uma_launch (tests, the integration runs), kept after the split.
+__all__ = [
+    "DEFAULTS", "EXIT_ADMISSION", "EXIT_CONFIG", "EXIT_HEALTH_TIMEOUT", "EXIT_LOCK_TIMEOUT", "EXIT_PEER", "PROG",
+    "Launch", "LaunchLock", "Log", "load_config", "main", "merge_config", "validate",
+]  # fmt: skip
+
 GUARD_OOM_SCORE_ADJ = -900  # the guard: never the kernel's pick (the engine unit's score is positive)
 GUARD_READY_TIMEOUT_S = 10.0
 # A rank that stops on purpose breaks the collective under a request that runs on the other
@@ -108,450 +152,12 @@ GUARD_READY_TIMEOUT_S = 10.0
 PEER_EXPLAINS_S = 2.0
 SERVE_POLL_S = 0.25  # a stop signal reaches the peers within this
 GIB_F = float(1 << 30)
-
-DEFAULTS: Dict[str, Any] = {
-    "engine": None,
-    "command": [],
-    "env": {},
-    "health_url": None,
-    "model_path": None,
-    "lock_path": "/run/uma-vllm/launch.lock",
-    "lock_timeout_s": 3600.0,
-    "health_timeout_s": 1800.0,
-    "health_interval_s": 1.0,
-    "stop_timeout_s": 30.0,
-    "pre_evict": "files",  # files | drop | none
-    "evict_after_healthy": True,
-    "guard": True,
-    "guard_mode": _guard_config.DEFAULT_MODE,
-    "guard_interval": _guard_config.DEFAULT_INTERVAL,
-    "guard_threshold_mib": _guard_config.DEFAULT_THRESHOLD_MIB,
-    # longer than the guard's own 900 s: the launcher stops it at health, which may take health_timeout_s
-    "guard_max_duration": 1800.0,
-    "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
-    "state_dir": _paths.STATE_DIR,
-    "lib_dir": os.path.dirname(os.path.abspath(__file__)),
-    "python": sys.executable or _paths.PYTHON,
-    "plan": None,
-    "cluster": None,  # a rank of a multi-node engine: rank, nnodes, head_addr, link_port (see _ranks.py)
-    "watch_ranks": True,  # once healthy, a dead VLLM:: process of this engine is a failure
-    # admission: MemAvailable >= the plan's startup request (budget requested_memory_bytes) before the engine
-    "admission": True,
-    "admission_request_bytes": None,  # default: plan.requested_memory_bytes x plan.ranks_per_node
-    "admission_wait_s": 60.0,
-    "proc_root": "/proc",
-    "sysfs_root": "/sys",
-    # least privilege: the launcher keeps root for the node's work (lock, eviction, guard,
-    # readahead); the engine process runs as this user (None or root: as the launcher)
-    "engine_user": None,
-    "engine_group": None,  # default: the user's primary group
-    "engine_groups": [],  # supplementary groups, e.g. video and render for /dev/nvidia* and /dev/dri
-    "engine_home": None,  # default: the user's home from the passwd database
-    "engine_umask": "0027",
-}
 KV_MARKERS = re.compile(
     r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
     r"Maximum concurrency for",
 )
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 
 
-# --------------------------------------------------------------------------
-# Configuration
-
-
-def merge_config(*layers: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """Defaults, then the node's file, the engine's file, the command line."""
-    config = dict(DEFAULTS)
-    for layer in layers:
-        for key, value in (layer or {}).items():
-            if value is not None:
-                config[key] = value
-    return config
-
-
-def validate(config: Dict[str, Any]) -> Dict[str, Any]:
-    """Refuse a configuration that cannot work, naming the option and the fix."""
-    engine = config.get("engine")
-    if not isinstance(engine, str) or not _NAME_RE.match(engine):
-        raise UmaError("engine", engine, "is not a valid engine name", "Use letters, digits, '.', '_', '-' or '@'.")
-    command = config.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-        raise UmaError("command", command, "is not a non-empty list of strings", "Give the engine's argv after --.")
-    url = config.get("health_url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise UmaError("health_url", url, "is not an http(s) URL", "Use e.g. http://127.0.0.1:8000/health.")
-    if config["pre_evict"] not in ("files", "drop", "none"):
-        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
-    model = config.get("model_path")
-    if model is not None and not os.path.exists(model):
-        raise UmaError("model_path", model, "does not exist on this node", "Give the local model directory.")
-    if model is None and config["pre_evict"] == "files":
-        # nothing to evict by file before the load (the default pre_evict): no pre-load eviction
-        config["pre_evict"] = "none"
-    guard_config(config)
-    for key in ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise UmaError(key, value, "must be a positive number of seconds", "Give e.g. 600.")
-    ra = config.get("readahead_kb")
-    if ra is not None and (isinstance(ra, bool) or not isinstance(ra, int) or ra < 0):
-        raise UmaError("readahead_kb", ra, "must be a whole number of kB >= 0", "Give e.g. 8, or null for no window.")
-    if ra is not None and model is None:
-        raise UmaError(
-            "readahead_kb", ra, "needs model_path to find the device", "Give model_path or drop readahead_kb."
-        )
-    wait = config.get("admission_wait_s")
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-        raise UmaError("admission_wait_s", wait, "must be a number of seconds >= 0", "Give e.g. 60, or 0 not to wait.")
-    need = config.get("admission_request_bytes")
-    if need is not None and (isinstance(need, bool) or not isinstance(need, int) or need <= 0):
-        raise UmaError(
-            "admission_request_bytes", need, "must be a whole number of bytes > 0", "Give e.g. 34359738368, or null."
-        )
-    if not isinstance(config.get("admission"), bool):
-        raise UmaError("admission", config.get("admission"), "is not a boolean", "Give true or false.")
-    if not isinstance(config.get("env"), dict):
-        raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
-    config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
-    config["_identity"] = engine_identity(config)
-    if not isinstance(config.get("watch_ranks"), bool):
-        raise UmaError(
-            "watch_ranks", config.get("watch_ranks"), "is not true or false", "Give true (default) or false."
-        )
-    return config
-
-
-def _group_id(option: str, value: Any) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    if not isinstance(value, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", value):
-        raise UmaError(option, value, "is not a group name", "Give a group name of this node, e.g. video.")
-    try:
-        return grp.getgrnam(value).gr_gid
-    except KeyError:
-        raise UmaError(
-            option, value, "is not a group on this node", "Create it (groupadd %s) or leave it out." % value
-        ) from None
-
-
-def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """Who the engine process runs as: None (as the launcher), or uid, gid, groups, home, umask.
-
-    The launcher needs root for the node's work; the engine does not, so it
-    runs as ``engine_user`` when one is set (uma.vllm.vllm_service: vllm_service_user).
-    """
-    user = config.get("engine_user")
-    if user in (None, "", "root", 0):
-        for key in ("engine_group", "engine_home"):
-            if config.get(key) not in (None, ""):
-                raise UmaError(key, config.get(key), "is set without engine_user", "Set engine_user, or drop %s." % key)
-        return None
-    if not isinstance(user, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", user):
-        raise UmaError("engine_user", user, "is not a user name", "Give a user name of this node, e.g. uma-vllm.")
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise UmaError(
-            "engine_user", user, "is not a user on this node",
-            "Create it (uma.vllm.vllm_service does with vllm_service_user_create: true) or use root.",
-        ) from None  # fmt: skip
-    group = config.get("engine_group")
-    gid = entry.pw_gid if group in (None, "") else _group_id("engine_group", group)
-    groups = config.get("engine_groups")
-    if groups is None:
-        groups = []
-    if not isinstance(groups, list):
-        raise UmaError("engine_groups", groups, "is not a list of group names", "Give e.g. [video, render] or [].")
-    gids = sorted({_group_id("engine_groups", g) for g in groups})
-    home = config.get("engine_home") or entry.pw_dir
-    if not isinstance(home, str) or not home.startswith("/") or "\n" in home:
-        raise UmaError(
-            "engine_home", home, "is not an absolute path", "Give the engine user's home, e.g. /var/lib/uma-vllm/home."
-        )
-    umask = config.get("engine_umask")
-    if isinstance(umask, str) and re.match(r"^0?[0-7]{3}$", umask):
-        umask = int(umask, 8)
-    if isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777:
-        raise UmaError("engine_umask", config.get("engine_umask"), "is not an octal umask", 'Give e.g. "0027".')
-    return {"user": user, "uid": entry.pw_uid, "gid": gid, "groups": gids, "home": home, "umask": umask}
-
-
-def guard_config(config: Dict[str, Any]) -> Any:
-    """The guard this launch starts, validated by the guard's own validator (options named guard_*).
-
-    guard_mode files without model_path is refused, not turned into adaptive: without paths
-    the adaptive guard drops every workload's cache globally, which is not what files promised.
-    """
-    model = config.get("model_path")
-    mode = config.get("guard_mode")
-    if mode == "files" and model is None:
-        raise UmaError(
-            "guard_mode",
-            mode,
-            "evicts the model's files but model_path is not set",
-            "Give model_path, or guard_mode adaptive (it then drops the page cache globally, as root).",
-        )
-    guard = _guard_config.GuardConfig(
-        name="launch-%s" % config.get("engine"),
-        mode=mode,
-        paths=[model] if model is not None and mode != "global" else [],
-        interval=config.get("guard_interval"),
-        threshold_mib=config.get("guard_threshold_mib"),
-        max_duration=config.get("guard_max_duration"),
-    ).validated(spell=_guard_config.prefixed("guard_"))
-    config["guard_interval"] = guard.interval
-    config["guard_threshold_mib"] = guard.threshold_mib
-    config["guard_max_duration"] = guard.max_duration
-    return guard
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Start a vLLM engine without page-cache pressure (uma.vllm).")
-    p.add_argument("--engine", help="engine name (logs, records, the lock's holder)")
-    p.add_argument("--config", help="engine config JSON (command, env, health_url, model_path, plan ...)")
-    p.add_argument("--node-config", default=NODE_CONFIG, help="node-wide defaults, default %(default)s")
-    p.add_argument("--health-url")
-    p.add_argument("--model-path")
-    p.add_argument("--guard-mode", choices=_guard_config.MODES)
-    p.add_argument("--readahead-kb", type=int)
-    p.add_argument("--lock-path")
-    p.add_argument("--lock-timeout", type=float, dest="lock_timeout_s")
-    p.add_argument("--health-timeout", type=float, dest="health_timeout_s")
-    p.add_argument("--state-dir")
-    p.add_argument("--admission-request-bytes", type=int, help="MemAvailable the start needs (default: the plan's)")
-    p.add_argument("--admission-wait", type=float, dest="admission_wait_s", help="seconds to wait for it")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV (when not in --config)")
-    return p
-
-
-def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
-    ns = build_parser().parse_args(argv)
-    command = list(ns.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    node = read_json(ns.node_config) if ns.node_config and os.path.exists(ns.node_config) else None
-    engine_file = None
-    if ns.config:
-        engine_file = read_json(ns.config)
-        if not isinstance(engine_file, dict):
-            raise UmaError("--config", ns.config, "is missing or not a JSON object", "Give the engine's config file.")
-    cli = {
-        "engine": ns.engine,
-        "health_url": ns.health_url,
-        "model_path": ns.model_path,
-        "guard_mode": ns.guard_mode,
-        "readahead_kb": ns.readahead_kb,
-        "lock_path": ns.lock_path,
-        "lock_timeout_s": ns.lock_timeout_s,
-        "health_timeout_s": ns.health_timeout_s,
-        "state_dir": ns.state_dir,
-        "admission_request_bytes": ns.admission_request_bytes,
-        "admission_wait_s": ns.admission_wait_s,
-        "command": command or None,
-    }
-    return validate(merge_config(node if isinstance(node, dict) else None, engine_file, cli))
-
-
-# --------------------------------------------------------------------------
-# Small pieces
-
-
-class Log:
-    """One line per step on stdout (the journal), with the time since start."""
-
-    def __init__(self, engine: str, clock: Callable[[], float] = time.monotonic, out: Any = None) -> None:
-        self.engine = engine
-        self.clock = clock
-        self.start = clock()
-        self.out = out or sys.stdout
-        self.steps: List[Dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def elapsed(self) -> float:
-        return round(self.clock() - self.start, 3)
-
-    def step(self, name: str, duration: Optional[float] = None, **fields: Any) -> None:
-        entry = {"name": name, "t": self.elapsed(), "at": round(time.time(), 3)}
-        if duration is not None:
-            entry["duration_s"] = round(duration, 3)
-        entry.update(fields)
-        self.steps.append(entry)
-        extras = " ".join("%s=%s" % (k, _fmt(v)) for k, v in entry.items() if k not in ("name", "at"))
-        self.line("%s %s" % (name, extras))
-
-    def line(self, text: str) -> None:
-        with self._lock:
-            self.out.write("[%s %s] %s\n" % (PROG, self.engine, text))
-            self.out.flush()
-
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return "%.3f" % value
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-class LaunchLock:
-    """Per-node launch lock: flock on a file, holder written beside it."""
-
-    def __init__(self, path: str, engine: str) -> None:
-        self.path = path
-        self.holder_path = path + ".holder"
-        self.engine = engine
-        self.fd: Optional[int] = None
-
-    def try_acquire(self) -> bool:
-        if self.fd is None:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return False
-            raise
-        atomic_write_json(self.holder_path, {"engine": self.engine, "pid": os.getpid(), "since": time.time()})
-        return True
-
-    def holder(self) -> Optional[Dict[str, Any]]:
-        data = read_json(self.holder_path)
-        if not isinstance(data, dict):
-            return None
-        pid = data.get("pid")
-        data["alive"] = isinstance(pid, int) and _pid_alive(pid)
-        return data
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        try:
-            data = read_json(self.holder_path)
-            if isinstance(data, dict) and data.get("pid") == os.getpid():
-                os.unlink(self.holder_path)
-        except OSError:
-            pass
-        fcntl.flock(self.fd, fcntl.LOCK_UN)
-        os.close(self.fd)
-        self.fd = None
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def acquire_lock(
-    lock: LaunchLock, timeout: float, log: Log, sleep: Callable[[float], None] = time.sleep, say_every: float = 10.0
-) -> bool:
-    """Wait for the lock, saying for whom; False at the timeout."""
-    started = time.monotonic()
-    said = -say_every
-    while True:
-        if lock.try_acquire():
-            waited = time.monotonic() - started
-            log.step("lock-acquired", duration=waited, lock=lock.path)
-            return True
-        waited = time.monotonic() - started
-        if waited >= timeout:
-            log.step("lock-timeout", duration=waited, holder=lock.holder())
-            return False
-        if waited - said >= say_every:
-            said = waited
-            holder = lock.holder() or {}
-            log.line(
-                "waiting for the launch lock %s held by engine %s (pid %s, since %s)"
-                % (
-                    lock.path,
-                    holder.get("engine", "?"),
-                    holder.get("pid", "?"),
-                    time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?",
-                )
-            )
-        sleep(0.2)
-
-
-def model_files(model_path: Optional[str]) -> List[str]:
-    if not model_path:
-        return []
-    return [entry[0] for entry in uma_guard.iter_files([model_path])]
-
-
-def set_oom_score_adj(pid: int, value: int, proc_root: str = "/proc") -> Any:
-    """Write ``value`` to the process's oom_score_adj; the value in force, or the error (best effort)."""
-    path = os.path.join(proc_root, str(pid), "oom_score_adj")
-    try:
-        with open(path, "w", encoding="ascii") as handle:
-            handle.write("%d\n" % value)
-        with open(path, encoding="ascii") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError) as err:
-        return "not set: %s" % err
-
-
-def evict_files(paths: List[str]) -> int:
-    """posix_fadvise(DONTNEED) over each file; returns the bytes asked to go."""
-    return uma_guard.evict_paths(paths)[0]
-
-
-def drop_caches(proc_root: str, level: int = 1) -> None:
-    with open(os.path.join(proc_root, "sys", "vm", "drop_caches"), "w", encoding="ascii") as handle:
-        handle.write("%d\n" % level)
-
-
-def _set_pdeathsig() -> None:
-    """Child side: die with SIGTERM when the launcher dies (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _engine_child(home: str) -> None:
-    """Child side, after the uid change: the parent-death signal again, HOME as the cwd."""
-    _set_pdeathsig()
-    try:
-        os.chdir(home)
-    except OSError:
-        os.chdir("/")
-
-
-def node_shutting_down() -> bool:
-    """True while systemd takes the node down (``systemctl is-system-running``: stopping)."""
-    try:
-        out = subprocess.run(
-            ["systemctl", "is-system-running"], capture_output=True, text=True, timeout=3, check=False
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return out == "stopping"
-
-
-def exit_code(returncode: Optional[int]) -> int:
-    if returncode is None:
-        return 1
-    if returncode < 0:
-        return 128 + (-returncode)
-    return returncode
-
-
-def stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-%d" % os.getpid()
-
-
-# --------------------------------------------------------------------------
 # The launch
 
 

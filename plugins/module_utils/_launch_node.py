@@ -1,0 +1,228 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node-side launcher's small parts (uma_launch.py, vllm-uma-launch).
+
+Its log (one line per step on the journal), the node's launch lock (an ``flock`` on a
+file, its holder written beside it), the model's files and their eviction from the page
+cache, the guard's oom_score_adj, the engine child's set-up (parent-death signal, uid
+change's working directory), the exit code of a process and the record's time stamp.
+Stdlib only; shipped beside ``uma_launch.py`` into the node's lib_dir by roles/launch_wrapper.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+try:
+    from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
+    from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json, read_json
+    from ansible_collections.uma.vllm.plugins.module_utils._launch_config import PROG
+except ImportError:  # pragma: no cover - node-side use without Ansible
+    import uma_guard  # type: ignore[no-redef]
+    from _common import atomic_write_json, read_json  # type: ignore[no-redef]
+    from _launch_config import PROG  # type: ignore[no-redef]
+
+
+class Log:
+    """One line per step on stdout (the journal), with the time since start."""
+
+    def __init__(self, engine: str, clock: Callable[[], float] = time.monotonic, out: Any = None) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.start = clock()
+        self.out = out or sys.stdout
+        self.steps: List[Dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def elapsed(self) -> float:
+        return round(self.clock() - self.start, 3)
+
+    def step(self, name: str, duration: Optional[float] = None, **fields: Any) -> None:
+        entry = {"name": name, "t": self.elapsed(), "at": round(time.time(), 3)}
+        if duration is not None:
+            entry["duration_s"] = round(duration, 3)
+        entry.update(fields)
+        self.steps.append(entry)
+        extras = " ".join("%s=%s" % (k, _fmt(v)) for k, v in entry.items() if k not in ("name", "at"))
+        self.line("%s %s" % (name, extras))
+
+    def line(self, text: str) -> None:
+        with self._lock:
+            self.out.write("[%s %s] %s\n" % (PROG, self.engine, text))
+            self.out.flush()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "%.3f" % value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+class LaunchLock:
+    """Per-node launch lock: flock on a file, holder written beside it."""
+
+    def __init__(self, path: str, engine: str) -> None:
+        self.path = path
+        self.holder_path = path + ".holder"
+        self.engine = engine
+        self.fd: Optional[int] = None
+
+    def try_acquire(self) -> bool:
+        if self.fd is None:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return False
+            raise
+        atomic_write_json(self.holder_path, {"engine": self.engine, "pid": os.getpid(), "since": time.time()})
+        return True
+
+    def holder(self) -> Optional[Dict[str, Any]]:
+        data = read_json(self.holder_path)
+        if not isinstance(data, dict):
+            return None
+        pid = data.get("pid")
+        data["alive"] = isinstance(pid, int) and _pid_alive(pid)
+        return data
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            data = read_json(self.holder_path)
+            if isinstance(data, dict) and data.get("pid") == os.getpid():
+                os.unlink(self.holder_path)
+        except OSError:
+            pass
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+        self.fd = None
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def acquire_lock(
+    lock: LaunchLock, timeout: float, log: Log, sleep: Callable[[float], None] = time.sleep, say_every: float = 10.0
+) -> bool:
+    """Wait for the lock, saying for whom; False at the timeout."""
+    started = time.monotonic()
+    said = -say_every
+    while True:
+        if lock.try_acquire():
+            waited = time.monotonic() - started
+            log.step("lock-acquired", duration=waited, lock=lock.path)
+            return True
+        waited = time.monotonic() - started
+        if waited >= timeout:
+            log.step("lock-timeout", duration=waited, holder=lock.holder())
+            return False
+        if waited - said >= say_every:
+            said = waited
+            holder = lock.holder() or {}
+            log.line(
+                "waiting for the launch lock %s held by engine %s (pid %s, since %s)"
+                % (
+                    lock.path,
+                    holder.get("engine", "?"),
+                    holder.get("pid", "?"),
+                    time.strftime("%H:%M:%S", time.localtime(holder["since"])) if "since" in holder else "?",
+                )
+            )
+        sleep(0.2)
+
+
+def model_files(model_path: Optional[str]) -> List[str]:
+    if not model_path:
+        return []
+    return [entry[0] for entry in uma_guard.iter_files([model_path])]
+
+
+def set_oom_score_adj(pid: int, value: int, proc_root: str = "/proc") -> Any:
+    """Write ``value`` to the process's oom_score_adj; the value in force, or the error (best effort)."""
+    path = os.path.join(proc_root, str(pid), "oom_score_adj")
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write("%d\n" % value)
+        with open(path, encoding="ascii") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError) as err:
+        return "not set: %s" % err
+
+
+def evict_files(paths: List[str]) -> int:
+    """posix_fadvise(DONTNEED) over each file; returns the bytes asked to go."""
+    return uma_guard.evict_paths(paths)[0]
+
+
+def drop_caches(proc_root: str, level: int = 1) -> None:
+    with open(os.path.join(proc_root, "sys", "vm", "drop_caches"), "w", encoding="ascii") as handle:
+        handle.write("%d\n" % level)
+
+
+def _set_pdeathsig() -> None:
+    """Child side: die with SIGTERM when the launcher dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _engine_child(home: str) -> None:
+    """Child side, after the uid change: the parent-death signal again, HOME as the cwd."""
+    _set_pdeathsig()
+    try:
+        os.chdir(home)
+    except OSError:
+        os.chdir("/")
+
+
+def node_shutting_down() -> bool:
+    """True while systemd takes the node down (``systemctl is-system-running``: stopping)."""
+    try:
+        out = subprocess.run(
+            ["systemctl", "is-system-running"], capture_output=True, text=True, timeout=3, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out == "stopping"
+
+
+def exit_code(returncode: Optional[int]) -> int:
+    if returncode is None:
+        return 1
+    if returncode < 0:
+        return 128 + (-returncode)
+    return returncode
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-%d" % os.getpid()
