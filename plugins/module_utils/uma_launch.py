@@ -471,9 +471,7 @@ class Launch:
             if self.stop_signal is not None:
                 return False, "signal %d" % self.stop_signal
             if self.link is not None and self.link.lost is not None:
-                reason, deliberate = self.link.lost
-                self.failure = (reason, 0 if deliberate else EXIT_PEER)
-                return False, reason
+                return False, self.take_peer_failure()[0]
             if self.engine.poll() is not None:
                 return False, "engine exited with %d before it was healthy" % self.engine.returncode
             if self.health.check():
@@ -589,9 +587,14 @@ class Launch:
         self.log.step("engine-exited", returncode=self.engine.returncode if self.engine is not None else None)
         return code
 
-    def failure_from_peer(self) -> None:
+    def take_peer_failure(self) -> Tuple[str, bool]:
+        """A peer's stop is this rank's reason too: exit 0 when it was deliberate, else 69."""
         reason, deliberate = self.link.lost  # type: ignore[union-attr,misc]
         self.failure = (reason, 0 if deliberate else EXIT_PEER)
+        return reason, deliberate
+
+    def failure_from_peer(self) -> None:
+        reason, deliberate = self.take_peer_failure()
         self.log.step("peer-stopped" if deliberate else "peer-lost", reason=reason)
 
     def explained_by_peer(self) -> bool:
