@@ -1,12 +1,16 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Wall time of site.yml against N lab nodes: the first run and the no-op re-run.
+"""Wall time of site.yml against N lab nodes: the first run and the no-op re-run, for one or
+more checkouts of the collection (before/after a change), interleaved on the same nodes.
 
 For each N in ``--nodes`` it starts N systemd containers from the lab image
 (``uma-scale-1`` ... ``uma-scale-N``), writes an inventory shaped like
-``inventories/lab`` (group ``spark``, per-host RAM and reserve) in a temp dir,
-runs ``site.yml`` twice and prints the wall time and the PLAY RECAP's changed
-count of each run, then removes the containers after ``restore.yml``.
+``inventories/lab`` (group ``spark``, per-host RAM and reserve) in a temp dir, runs
+``site.yml`` of the first ``--tree`` once (the first run), then the no-op re-run of every tree
+in turn, ``--repeat`` rounds (tree A, tree B, tree A, ...), and prints the wall time and the
+PLAY RECAP's changed count of each; the medians go in the table. Then ``restore.yml`` and the
+containers are removed. A tree's first re-run after another tree's run shows what switching
+between them changes on a node (``changed`` > 0: the two write different files).
 
 The nodes only persist their sysctl file (``node_prep_sysctl_apply: false``:
 the lab nodes share this machine's kernel) and run no engine
@@ -14,8 +18,15 @@ the lab nodes share this machine's kernel) and run no engine
 (facts, module transfers, file comparisons), which is what a no-op re-run
 costs on a real cluster. ``--engines`` adds the lab's tiny real engine per node
 (needs ``.cache/lab/vllm-venv`` and the tiny-1g model: ``bash lab/up.sh`` makes both).
+``--lab`` instead runs against the running two-node lab of ``bash lab/up.sh``
+(``inventories/lab``: real engines, a TP=2 engine over both nodes) and leaves it running.
 
-    sudo .venv/bin/python benchmarks/site_scale.py --nodes 2 8 [--forks 10] [--json]
+A tree is a checkout with its ``.cache/collections`` link (``tests/setup.sh`` makes it; for an
+old commit: ``git worktree add /tmp/before <rev>`` and link it the same way).
+
+    sudo .venv/bin/python benchmarks/site_scale.py --nodes 2 8 [--forks 10] [--repeat 3] \
+        [--tree before=/tmp/before --tree after=.] [--json]
+    sudo .venv/bin/python benchmarks/site_scale.py --lab --tree before=/tmp/before --tree after=.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,13 +84,13 @@ def inventory(work: str, names: list, engines: bool) -> str:
     return path
 
 
-def playbook(inv: str, book: str, forks: int) -> dict:
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_FORKS=str(forks))
-    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(ROOT, ".cache", "collections")
+def playbook(tree: str, inv: str, book: str, forks: int) -> dict:
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(tree, "ansible.cfg"), ANSIBLE_FORKS=str(forks))
+    env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(tree, ".cache", "collections")
     env["PATH"] = os.path.join(ROOT, ".venv", "bin") + os.pathsep + env.get("PATH", "")
     started = time.monotonic()
     proc = subprocess.run(
-        ["ansible-playbook", "-i", inv, book], cwd=ROOT, env=env, capture_output=True, text=True, check=False
+        ["ansible-playbook", "-i", inv, book], cwd=tree, env=env, capture_output=True, text=True, check=False
     )
     wall = time.monotonic() - started
     recap = {m.group(1): {"changed": int(m.group(3)), "failed": int(m.group(5)) + int(m.group(4))}
@@ -93,52 +105,95 @@ def playbook(inv: str, book: str, forks: int) -> dict:
     }
 
 
+def trees(specs: list, parser: argparse.ArgumentParser) -> list:
+    """``NAME=PATH`` pairs -> [(name, absolute path)]; each must be a checkout with its collection link."""
+    out = []
+    for spec in specs or ["this=" + ROOT]:
+        name, sep, path = spec.partition("=")
+        path = os.path.abspath(path)
+        if not sep or not name:
+            parser.error("--tree %s: give NAME=PATH, e.g. --tree before=/tmp/before" % spec)
+        link = os.path.join(path, ".cache", "collections", "ansible_collections", "uma", "vllm")
+        if not os.path.isfile(os.path.join(path, "site.yml")) or not os.path.isdir(link):
+            parser.error("--tree %s: %s needs site.yml and %s (run tests/setup.sh there)" % (spec, path, link))
+        out.append((name, path))
+    return out
+
+
+def measure(names: list, inv: str, a: argparse.Namespace, tree_list: list, restore: bool) -> dict:
+    """First run of the first tree, then ``--repeat`` rounds of every tree's no-op re-run."""
+    first = playbook(tree_list[0][1], inv, "site.yml", a.forks)
+    runs: dict = {name: [] for name, _path in tree_list}
+    for _round in range(a.repeat):
+        for name, path in tree_list:
+            runs[name].append(playbook(path, inv, "site.yml", a.forks))
+            sys.stderr.write("%d nodes, %s: %s\n" % (len(names), name, runs[name][-1]))
+    if restore:
+        playbook(tree_list[0][1], inv, "playbooks/restore.yml", a.forks)
+    return {"nodes": len(names), "first": first, "reruns": runs}
+
+
+def table(results: list, tree_list: list) -> None:
+    print("| nodes | tree | first run s (changed) | no-op re-run s, median | runs s | changed per run | failed |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        for i, (name, _path) in enumerate(tree_list):
+            runs = r["reruns"][name]
+            first = "%s (%d)" % (r["first"]["wall_s"], r["first"]["changed"]) if i == 0 else "-"
+            failed = sum(x["failed"] + (x["rc"] != 0) for x in runs) + (r["first"]["failed"] if i == 0 else 0)
+            walls = " ".join(str(x["wall_s"]) for x in runs)
+            changed = " ".join(str(x["changed"]) for x in runs)
+            cells = (r["nodes"], name, first, statistics.median(x["wall_s"] for x in runs), walls, changed, failed)
+            print("| %s | %s | %s | %.1f | %s | %s | %d |" % cells)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, nargs="+", default=[2, 8])
     p.add_argument("--forks", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=3, help="rounds of no-op re-runs (every tree once per round)")
+    p.add_argument("--tree", action="append", help="NAME=PATH of a checkout to run site.yml from (repeatable)")
     p.add_argument("--image", default="uma-lab/node:bookworm")
     p.add_argument("--engines", action="store_true", help="one real tiny engine per node")
+    p.add_argument("--lab", action="store_true", help="the running lab of lab/up.sh (inventories/lab), left running")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if os.geteuid() != 0:
         p.error("needs root (docker)")
     if any(n < 1 or n > 32 for n in a.nodes):
         p.error("--nodes: give 1 to 32 nodes per run, e.g. --nodes 2 8")
+    if not 1 <= a.repeat <= 20:
+        p.error("--repeat: give 1 to 20 rounds")
+    tree_list = trees(a.tree, p)
     results = []
-    for count in a.nodes:
+    if a.lab:
+        for node in ("ai1", "ai2"):
+            if docker("inspect", "-f", "{{.State.Running}}", node, check=False).strip() != "true":
+                p.error("--lab: %s is not running; start the lab with: bash lab/up.sh" % node)
+        results.append(measure(["ai1", "ai2"], os.path.join(ROOT, "inventories", "lab"), a, tree_list, False))
+    for count in [] if a.lab else a.nodes:
         names = ["uma-scale-%d" % (i + 1) for i in range(count)]
         with tempfile.TemporaryDirectory(prefix="uma-scale-") as work:
             try:
                 start(names, a.image, a.engines)
-                inv = inventory(work, names, a.engines)
-                first = playbook(inv, "site.yml", a.forks)
-                rerun = playbook(inv, "site.yml", a.forks)
-                playbook(inv, "playbooks/restore.yml", a.forks)
+                results.append(measure(names, inventory(work, names, a.engines), a, tree_list, True))
             finally:
                 for name in names:
                     docker("rm", "-f", name, check=False)
-        row = {"nodes": count, "first": first, "rerun": rerun}
-        results.append(row)
-        if not a.json:
-            sys.stderr.write("%d nodes: first %s, re-run %s\n" % (count, first, rerun))
     out = {
         "machine": {"cpus": os.cpu_count(), "kernel": os.uname().release, "load": os.getloadavg()},
         "forks": a.forks,
-        "engines": a.engines,
+        "engines": "lab" if a.lab else a.engines,
+        "trees": dict(tree_list),
         "results": results,
     }
     if a.json:
         print(json.dumps(out, indent=1))
     else:
-        print("| nodes | first run s | changed | no-op re-run s | changed | failed |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        for r in results:
-            f, n = r["first"], r["rerun"]
-            cells = (r["nodes"], f["wall_s"], f["changed"], n["wall_s"], n["changed"], f["failed"] + n["failed"])
-            print("| %d | %s | %d | %s | %d | %d |" % cells)
+        table(results, tree_list)
         print("forks %d, %d CPUs, load %s" % (a.forks, os.cpu_count(), " ".join("%.1f" % x for x in os.getloadavg())))
-    return 0 if all(r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0 for r in results) else 1
+    runs = [r["first"] for r in results] + [x for r in results for v in r["reruns"].values() for x in v]
+    return 0 if all(x["rc"] == 0 for x in runs) else 1
 
 
 if __name__ == "__main__":

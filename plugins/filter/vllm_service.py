@@ -2,9 +2,10 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
-plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins)
-and _vllm_service_state.py (fingerprints, restarts, unit states, status). A refusal of the
-model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
+plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins),
+_vllm_service_state.py (restarts, unit states, status) and _vllm_service_files.py (the arguments
+of the role's uma.vllm.node_files task, fingerprints). A refusal of the model (EngineModelError)
+reaches Ansible as AnsibleFilterError with the same text.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import functools
 from typing import Any, Callable
 
 from ansible.errors import AnsibleFilterError
+from ansible.plugins.filter.core import to_nice_json
 
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
 
@@ -47,11 +50,18 @@ images = as_filter(model.images)
 drop_in = as_filter(model.drop_in)
 head_addrs = as_filter(state.head_addrs)
 peers_changed = as_filter(state.peers_changed)
-config_state = as_filter(state.config_state)
+files_state = as_filter(files.files_state)
 status_entry = as_filter(state.status_entry)
 changed = as_filter(state.changed)
 with_peers = as_filter(state.with_peers)
-unit_states = as_filter(state.unit_states)
+unit_actions = as_filter(state.unit_actions)
+
+
+def node_files(renders: Any, launch_files: Any, watchdogs: Any, paths: Any) -> Any:
+    """The arguments of the role's uma.vllm.node_files task (JSON as ansible-core's to_nice_json(indent=2))."""
+    return files.node_files(renders, launch_files, watchdogs, paths, lambda value: to_nice_json(value, indent=2))
+
+
 container_name = model.container_name  # not a filter: the tests and integration tests use it
 
 
@@ -68,11 +78,12 @@ class FilterModule:
             "vllm_service_launch_configs": launch_configs,
             "vllm_service_head_addrs": head_addrs,
             "vllm_service_peers_changed": peers_changed,
-            "vllm_service_config_state": config_state,
+            "vllm_service_files_state": files_state,
+            "vllm_service_node_files": node_files,
             "vllm_service_images": images,
-            "vllm_service_unit_states": unit_states,
             "vllm_service_status_entry": status_entry,
             "vllm_service_drop_in": drop_in,
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
+            "vllm_service_unit_actions": unit_actions,
         }

@@ -34,6 +34,7 @@ try:
         read_meminfo,
         read_text,
     )
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import RUN_DIR, STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
         atomic_write,
@@ -42,6 +43,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         read_meminfo,
         read_text,
     )
+    from _paths import RUN_DIR, STATE_DIR  # type: ignore[no-redef]
 
 MIB = 1 << 20
 
@@ -254,8 +256,8 @@ def _kept_records(engine_dir: str) -> List[Dict[str, Any]]:
 
 
 def collect(
-    state_dir: str = "/var/lib/uma-vllm",
-    run_dir: str = "/run/uma-vllm",
+    state_dir: str = STATE_DIR,
+    run_dir: str = RUN_DIR,
     sysctl_file: str = "/etc/sysctl.d/90-vllm.conf",
     proc_root: str = "/proc",
     sysctl_keys: Iterable[str] = DEFAULT_SYSCTL_KEYS,
@@ -336,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--output", required=True, help="the .prom file, e.g. /var/lib/prometheus/node-exporter/uma_vllm.prom"
     )
-    p.add_argument("--state-dir", default="/var/lib/uma-vllm")
-    p.add_argument("--run-dir", default="/run/uma-vllm")
+    p.add_argument("--state-dir", default=STATE_DIR)
+    p.add_argument("--run-dir", default=RUN_DIR)
     p.add_argument("--sysctl-file", default="/etc/sysctl.d/90-vllm.conf")
     p.add_argument("--proc-root", default="/proc")
     p.add_argument("--sysctl-key", action="append", dest="sysctl_keys", help="a vm sysctl to export (repeatable)")

@@ -1,9 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What the vllm_service role finds on a node and across its ranks: the rank-0 addresses, the
-fingerprint of each engine's files, which engines must restart, their unit states and the
-status it reports. Pure functions on registered task results (filters in
+"""What the vllm_service role finds on a node and across its ranks: the rank-0 addresses, which
+engines must restart, their unit states and the status it reports (the fingerprint of each
+engine's files: _vllm_service_files.py). Pure functions on registered task results (filters in
 plugins/filter/vllm_service.py; tests/unit/plugins/module_utils/test_vllm_service_model.py).
 """
 
@@ -46,51 +46,6 @@ def peers_changed(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, Lis
             value = hv.get("__vllm_service_local_changed") if hasattr(hv, "get") else None
             out[node] = list(value) if isinstance(value, list) else []
     return out
-
-
-def config_state(
-    engines: List[Dict[str, Any]],
-    unit: Dict[str, Any],
-    drop_ins: Dict[str, Any],
-    env_files: Dict[str, Any],
-    json_before: Dict[str, Any],
-    json_after: Dict[str, Any],
-) -> Dict[str, Any]:
-    """Per engine: the fingerprint of the files it runs with (unit, drop-in, env file, config)
-    and whether this run wrote any of them. ``drop_ins``/``env_files`` are registered loop
-    results, ``json_*`` registered ``find`` results (get_checksum)."""
-
-    def by_name(results: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-        return {r["item"]["name"]: r for r in (results or {}).get("results", []) if "item" in r}
-
-    def checksums(found: Dict[str, Any]) -> Dict[str, str]:
-        out = {}
-        for f in (found or {}).get("files", []):
-            base = f["path"].rsplit("/", 1)[-1]
-            if base.endswith(".json"):
-                out[base[:-5]] = f.get("checksum")
-        return out
-
-    drops, envs = by_name(drop_ins), by_name(env_files)
-    before, after = checksums(json_before), checksums(json_after)
-    fingerprints: Dict[str, str] = {}
-    written: List[str] = []
-    for engine in engines:
-        name = engine["name"]
-        parts = [
-            (unit or {}).get("checksum"),
-            drops.get(name, {}).get("checksum"),
-            envs.get(name, {}).get("checksum"),
-            after.get(name),
-        ]
-        fingerprints[name] = "/".join(str(p) for p in parts)
-        if (
-            drops.get(name, {}).get("changed")
-            or envs.get(name, {}).get("changed")
-            or before.get(name) != after.get(name)
-        ):
-            written.append(name)
-    return {"fingerprints": fingerprints, "written": written, "unit_changed": bool((unit or {}).get("changed"))}
 
 
 def status_entry(
@@ -154,4 +109,39 @@ def unit_states(stdout: str, names: List[str]) -> Dict[str, Dict[str, str]]:
             out[unit[len("uma-vllm@") : -len(".service")]] = props
     for name in names:
         out.setdefault(name, {"ActiveState": "inactive", "UnitFileState": ""})
+    return out
+
+
+ACTIVE = ("active", "activating", "reloading")
+
+
+def unit_actions(
+    engines: List[Dict[str, Any]], units: Dict[str, Dict[str, str]], restart: List[str]
+) -> Dict[str, List[Any]]:
+    """What the play does to each engine's unit, from the states read before it wrote anything
+    (``unit_states``) and the engines it restarts anyway (``restart``, the handler's):
+
+    - ``enable``: started engines whose unit is not enabled;
+    - ``disable``: stopped engines whose unit is enabled or running (stopped and disabled);
+    - ``start_api`` / ``start_workers``: started engines that are not running and not about to be
+      restarted -- rank 0 and single-node engines first, then the other ranks;
+    - ``reset``: both start lists (a start by the play must not use up the start limit).
+    """
+    out: Dict[str, List[Any]] = {"enable": [], "disable": [], "start_api": [], "start_workers": [], "reset": []}
+    for engine in engines:
+        name = engine["name"]
+        unit = units.get(name) or {"ActiveState": "inactive", "UnitFileState": ""}
+        running = unit.get("ActiveState") in ACTIVE
+        enabled = unit.get("UnitFileState") == "enabled"
+        if engine.get("state") == "stopped":
+            if enabled or running:
+                out["disable"].append(name)
+            continue
+        if engine.get("state") != "started":
+            continue
+        if not enabled:
+            out["enable"].append(name)
+        if not running and name not in (restart or []):
+            out["start_api" if engine.get("api_rank") else "start_workers"].append(name)
+    out["reset"] = out["start_api"] + out["start_workers"]
     return out

@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as vsf
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as vss
 
 MODEL = "/models/tiny"
 NATIVE = {
@@ -451,21 +453,40 @@ def test_images_each_once_for_container_engines_only():
     assert vs.images(engines, NATIVE) == []
 
 
-def _results(*rows):
-    return {"results": [{"item": {"name": n}, "changed": c, "checksum": s} for n, c, s in rows]}
+PATHS = {
+    "systemd_dir": "/etc/systemd/system",
+    "engines_dir": "/etc/uma-vllm/engines",
+    "state_dir": "/var/lib/uma-vllm",
+    "watchdog_dir": "/etc/uma-vllm/watchdog",
+    "unit": "uma-vllm@.service",
+    "watchdog_unit": "uma-vllm-watchdog@.service",
+    "unit_content": "[Unit]\n",
+    "watchdog_unit_content": "[Unit]\nwatchdog\n",
+}
 
 
-def _found(**checksums):
-    return {"files": [{"path": "/etc/uma-vllm/engines/%s.json" % n, "checksum": c} for n, c in checksums.items()]}
+def _written(unit=(False, "u"), wd_unit=None, **engines):
+    """A node_files result: per engine (drop-in, env, config, watchdog) (changed, checksum) pairs."""
+    files = {"/etc/systemd/system/uma-vllm@.service": {"changed": unit[0], "checksum": unit[1]}}
+    if wd_unit:
+        files["/etc/systemd/system/uma-vllm-watchdog@.service"] = {"changed": wd_unit[0], "checksum": wd_unit[1]}
+    for name, parts in engines.items():
+        where = vsf.engine_paths(PATHS, name)
+        for key, (changed, checksum) in zip(("drop_in", "env", "config", "watchdog"), parts):
+            files[where[key]] = {"changed": changed, "checksum": checksum}
+    return {"files": files}
 
 
-def test_config_state_and_changed():
+def test_files_state_and_changed():
     engines = [one("ai1", name="a"), one("ai1", name="b", port=1), one("ai1", name="s", port=2, state="stopped")]
-    unit = {"changed": False, "checksum": "u"}
-    drops = _results(("a", False, "da"), ("b", False, "db"), ("s", False, "ds"))
-    envs = _results(("a", False, "ea"), ("b", True, "eb"), ("s", True, "es"))
-    state = vs.config_state(engines, unit, drops, envs, _found(a="j1", b="j2", s="j3"), _found(a="j1x", b="j2", s="j3"))
-    assert state["written"] == ["a", "b", "s"] and state["unit_changed"] is False
+    result = _written(
+        a=[(False, "da"), (False, "ea"), (True, "j1x")],
+        b=[(False, "db"), (True, "eb"), (False, "j2")],
+        s=[(False, "ds"), (True, "es"), (False, "j3")],
+    )
+    state = vs.files_state(engines, result, PATHS)
+    assert state["written"] == ["a", "b", "s"] and state["unit_changed"] is False and state["reload"] is False
+    # the same text the role wrote before node_files (unit/drop-in/env/config sha1s)
     assert state["fingerprints"]["a"] == "u/da/ea/j1x"
     stamps = dict(state["fingerprints"])
     assert vs.changed(engines, state["written"], False, state["fingerprints"], stamps) == [
@@ -477,6 +498,52 @@ def test_config_state_and_changed():
     assert vs.changed(engines, [], False, state["fingerprints"], dict(stamps, b="old")) == [
         "b"
     ]  # failed run / 1st start
+
+
+def test_files_state_reload_and_watchdogs():
+    quiet = [(False, "d"), (False, "e"), (False, "j"), (False, "w")]
+    engines = [one("ai1", name="a"), one("ai1", name="b", port=1)]
+    state = vs.files_state(engines, _written(wd_unit=(False, "x"), a=quiet, b=quiet), PATHS)
+    assert state["reload"] is False and state["watchdogs_changed"] == [] and state["written"] == []
+    drop_in = [(True, "d2"), *quiet[1:]]
+    state = vs.files_state(engines, _written(wd_unit=(False, "x"), a=drop_in, b=[*quiet[:3], (True, "w2")]), PATHS)
+    assert state["reload"] is True and state["unit_changed"] is False
+    assert state["written"] == ["a"] and state["watchdogs_changed"] == ["b"]  # a watchdog config is not the engine's
+    state = vs.files_state(engines, _written(wd_unit=(True, "x2"), a=quiet, b=quiet), PATHS)
+    assert state["reload"] is True and state["watchdogs_changed"] == ["a", "b"] and state["written"] == []
+    state = vs.files_state(engines, _written(unit=(True, "u2"), a=quiet, b=quiet), PATHS)
+    assert state["unit_changed"] is True and state["reload"] is True
+
+
+def test_node_files_arranges_every_file():
+    renders = [
+        {"item": {"name": "a"}, "ansible_facts": {"__vllm_service_rendered": {"drop_in": "D-a", "env": "SECRET-a"}}},
+        {"item": {"name": "b"}, "ansible_facts": {"__vllm_service_rendered": {"drop_in": "D-b", "env": "SECRET-b"}}},
+    ]
+    launch = [{"path": "/etc/uma-vllm/engines/a.json", "mode": "0644", "content": "{}\n"}]
+    out = vs.node_files(renders, launch, [{"name": "a", "config": {"rank": 0, "x": [1]}}], PATHS)
+    assert [d["path"] for d in out["directories"]] == [
+        "/etc/uma-vllm/engines",
+        "/var/lib/uma-vllm",
+        "/etc/systemd/system/uma-vllm@a.service.d",
+        "/etc/systemd/system/uma-vllm@b.service.d",
+        "/etc/uma-vllm/watchdog",
+    ]
+    paths = {f["path"]: f for f in out["files"]}
+    assert paths["/etc/systemd/system/uma-vllm@.service"]["content"] == "[Unit]\n"
+    assert paths["/etc/systemd/system/uma-vllm@b.service.d/10-uma-vllm.conf"]["content"] == "D-b"
+    assert paths["/etc/uma-vllm/engines/a.json"] == launch[0]
+    assert paths["/etc/systemd/system/uma-vllm-watchdog@.service"]["content"] == "[Unit]\nwatchdog\n"
+    # to_nice_json(indent=2) and a newline, what the copy task wrote
+    assert paths["/etc/uma-vllm/watchdog/a.json"]["content"] == '{\n  "rank": 0,\n  "x": [\n    1\n  ]\n}\n'
+    assert all("SECRET" not in f["content"] for f in out["files"])
+    assert [(f["path"], f["mode"], f["content"]) for f in out["secret_files"]] == [
+        ("/etc/uma-vllm/engines/a.env", "0600", "SECRET-a"),
+        ("/etc/uma-vllm/engines/b.env", "0600", "SECRET-b"),
+    ]
+    none = vs.node_files(renders[:1], [], [], PATHS)  # no watchdogs: neither their dir nor their unit
+    assert "/etc/uma-vllm/watchdog" not in [d["path"] for d in none["directories"]]
+    assert not [f for f in none["files"] if "watchdog" in f["path"]]
 
 
 def test_with_peers_restarts_every_rank():
@@ -506,7 +573,7 @@ def test_unit_states():
         "Id=uma-vllm@a.service\nActiveState=active\nUnitFileState=enabled\n\n"
         "Id=uma-vllm@b.service\nActiveState=inactive\nUnitFileState=disabled\n"
     )
-    states = vs.unit_states(out, ["a", "b", "c"])
+    states = vss.unit_states(out, ["a", "b", "c"])
     assert states["a"]["ActiveState"] == "active" and states["b"]["UnitFileState"] == "disabled"
     assert states["c"] == {"ActiveState": "inactive", "UnitFileState": ""}
 
@@ -525,3 +592,30 @@ def test_status_entry():
         "port": 8000,
     }
     assert vs.status_entry(config, [e], [], [{"item": {"name": "a"}, "skipped": True}])["healthy"] is None
+
+
+def test_unit_actions_from_the_states_read_before_writing():
+    engines = [
+        dict(one("ai1", name="up"), api_rank=True),  # running, enabled: nothing
+        dict(one("ai1", name="new", port=1), api_rank=True),  # no unit yet: enable and start
+        dict(one("ai1", name="rank1", port=2), api_rank=False),  # a worker rank that is down: started after
+        dict(one("ai1", name="changed", port=3), api_rank=True),  # down, but the handler restarts it
+        dict(one("ai1", name="off", port=4, state="stopped"), api_rank=True),  # enabled and running: both go
+        dict(one("ai1", name="off2", port=5, state="stopped"), api_rank=True),  # already stopped and disabled
+    ]
+    units = {
+        "up": {"ActiveState": "active", "UnitFileState": "enabled"},
+        "rank1": {"ActiveState": "failed", "UnitFileState": "enabled"},
+        "changed": {"ActiveState": "inactive", "UnitFileState": "enabled"},
+        "off": {"ActiveState": "activating", "UnitFileState": "enabled"},
+        "off2": {"ActiveState": "inactive", "UnitFileState": "disabled"},
+    }
+    acts = vs.unit_actions(engines, units, ["changed"])
+    assert acts == {
+        "enable": ["new"],
+        "disable": ["off"],
+        "start_api": ["new"],
+        "start_workers": ["rank1"],
+        "reset": ["new", "rank1"],
+    }
+    assert vs.unit_actions(engines[:1], {}, [])["start_api"] == ["up"]  # not reported: inactive
