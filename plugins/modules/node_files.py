@@ -237,9 +237,11 @@ def main() -> None:
         argument_spec=dict(
             directories=entry_spec(nf.DEFAULT_MODES["directories"], content=False),
             files=entry_spec(nf.DEFAULT_MODES["files"], content=True),
-            # no_log on the content, not the whole option: Ansible masks every string of a no_log
-            # value in the output, and paths, "root" and "0600" would be masked everywhere too
-            secret_files=entry_spec(nf.DEFAULT_MODES["secret_files"], content=True, secret=True),
+            # no_log on the content, not on the whole option: Ansible masks every string of a no_log
+            # value wherever it appears in the output, so the secret files' paths would turn into
+            # VALUE_SPECIFIED_IN_NO_LOG_PARAMETER in changed_paths, in the keys of `files` and in
+            # the diff headers (and an explicit owner "root" everywhere). Hence no_log=False here.
+            secret_files=dict(entry_spec(nf.DEFAULT_MODES["secret_files"], content=True, secret=True), no_log=False),
             programs=dict(type="bool", default=False),
             lib_dir=dict(type="path", default=_paths.LIB_DIR),
         ),

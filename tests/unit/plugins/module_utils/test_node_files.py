@@ -109,7 +109,7 @@ def test_check_mode_writes_nothing_and_predicts_the_run(tmp_path):
     before = tree(tmp_path)
     predicted, diff = run(req, check=True)
     assert tree(tmp_path) == before
-    done, _ = run(req)
+    done = run(req)[0]
     assert predicted == done  # check mode says exactly what the run then does
     assert [d["before_header"] for d in diff][:2] == [str(tmp_path / "etc"), str(tmp_path / "etc" / "engines")]
 
@@ -339,7 +339,7 @@ def test_programs_install_from_the_modules_own_source_with_a_stable_fingerprint(
     # a local edit and a wrong mode are both put back
     (lib / "_common.py").write_text("# edited\n")
     os.chmod(lib / "uma_launch.py", 0o600)
-    fixed, _ = run(req, modules=NODE_PROGRAMS, program_owner=ME)
+    fixed = run(req, modules=NODE_PROGRAMS, program_owner=ME)[0]
     assert fixed["programs"]["changed_paths"] == [str(lib / "_common.py"), str(lib / "uma_launch.py")]
     assert fixed["programs"]["fingerprint"] == first["programs"]["fingerprint"]
     # the installed set runs on its own: no Ansible, nothing else on the path
