@@ -33,6 +33,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
     node_facts,
+    node_files,
     oom_diagnose,
     readahead_window,
     uma_sysctl,
@@ -625,7 +626,62 @@ class Diagnose(Target):
         return None
 
 
-TARGETS = [Sysctl(), NodeFacts(), Readahead(), Guard(), Flags(), Diagnose()]
+class NodeFiles(Target):
+    """A node with its directories and files in place (old content): every case rewrites some."""
+
+    name = "node_files"
+    module = node_files
+    paths = ("directories", "files", "secret_files", "lib_dir")
+    keep = ("programs",)  # true would install 22 programs per case; test_node_files covers it
+    faults = {
+        "etc/engines/a.json": ["files[0].path", "a.json"],
+        "etc/engines/a.env": ["secret_files[0].path", "a.env"],
+        "etc/engines": ["directories[1].path", "engines"],
+        "etc": ["directories[0].path", "etc"],
+    }
+    KEYS = ("path", "mode", "owner", "group", "content")
+    MODES = ["0644", "644", "7777", "07777", "0o644", "8", "", "rw-r--r--", 420, 0o644, True, None]
+    OWNERS = ["root", "0", "nobody", "1", "-1", "no-such-user", ""]
+
+    def build(self, root):
+        import grp
+        import pwd
+
+        own = {"owner": pwd.getpwuid(os.getuid()).pw_name, "group": grp.getgrgid(os.getgid()).gr_name}
+        _write(os.path.join(root, "etc/engines/a.json"), '{"old": true}\n')
+        _write(os.path.join(root, "etc/engines/a.env"), "TOKEN=old\n")
+        etc = os.path.join(root, "etc")
+        return {
+            "directories": [dict(own, path=etc), dict(own, path=os.path.join(etc, "engines"), mode="0750")],
+            "files": [dict(own, path=os.path.join(etc, "engines/a.json"), content='{"new": true}\n')],
+            "secret_files": [dict(own, path=os.path.join(etc, "engines/a.env"), content="TOKEN=new-secret\n")],
+            "programs": False,
+            "lib_dir": os.path.join(root, "lib"),
+        }
+
+    def special(self, data, root, args):
+        # one key of one entry made awkward (the top-level options get the generic values)
+        kind = data.draw(st.sampled_from(["directories", "files", "secret_files"]), label="kind")
+        index = 1 if kind == "directories" and data.draw(st.booleans(), label="second") else 0
+        key = data.draw(st.sampled_from(self.KEYS[:4] if kind == "directories" else self.KEYS), label="key")
+        paths = list(h.make_paths(os.path.join(root, "awkward-entry")).values())
+        plain = [v for v in h.GENERIC if h.INJECT not in str(v)]  # content is written as given
+        pool = {"path": [*h.GENERIC, *paths], "mode": [*self.MODES, *h.GENERIC], "owner": self.OWNERS + h.GENERIC,
+                "group": self.OWNERS + h.GENERIC}.get(key, plain)  # fmt: skip
+        value = data.draw(st.sampled_from(pool), label=key)
+        args[kind][index][key] = value
+        valid_mode = isinstance(value, str) and len(value) in (3, 4) and set(value) <= set("01234567")
+        nonsense = key == "mode" and value is not None and not valid_mode
+        return args, ["%s[%d].%s" % (kind, index, key), kind, key], nonsense
+
+    def post_check(self, args, result, root):
+        secret = "new-secret"
+        if secret in json.dumps(result, default=str):
+            return "a secret file's content is in the result"
+        return None
+
+
+TARGETS = [Sysctl(), NodeFacts(), Readahead(), Guard(), Flags(), Diagnose(), NodeFiles()]
 
 
 def _read(path):

@@ -14,7 +14,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_service
+from ansible_collections.uma.vllm.plugins.module_utils import _guard_service, _node_programs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
@@ -54,16 +54,44 @@ def role_programs(role: str, var: str) -> set:
         return set(yaml.safe_load(handle)[var])
 
 
+def role_program_list(role: str, var: str):
+    """The role's list as written, or None once the role installs through uma.vllm.node_files."""
+    with open(os.path.join(ROOT, "roles", role, "vars", "main.yml"), encoding="utf-8") as handle:
+        return yaml.safe_load(handle).get(var)
+
+
 def test_the_closure_finds_the_guards_parts():
     assert {"uma_guard.py", "_common.py", "_guard_config.py", "_guard_sweeper.py", "_guard_residency.py"} <= closure(
         "uma_guard.py"
     )
 
 
+NODE_PROGRAM_CLOSURE = closure("uma_launch.py") | closure("uma_guard.py") | closure("uma_watchdog.py")
+
+
 @pytest.mark.parametrize("program", ["uma_launch.py", "uma_guard.py"])
 def test_launch_wrapper_ships_everything_its_programs_import(program):
-    missing = closure(program) - role_programs("launch_wrapper", "__launch_wrapper_programs")
+    programs = role_program_list("launch_wrapper", "__launch_wrapper_programs")
+    if programs is None:  # the role installs through node_files: NODE_PROGRAMS is checked below
+        programs = _node_programs.program_names()
+    missing = closure(program) - set(programs)
     assert not missing, "roles/launch_wrapper/vars/main.yml __launch_wrapper_programs lacks %s" % sorted(missing)
+
+
+def test_node_programs_is_the_import_closure_of_the_three_programs():
+    """uma.vllm.node_files (programs: true) installs exactly this set: nothing missing, nothing extra."""
+    names = _node_programs.program_names()
+    assert len(names) == len(set(names))
+    assert set(names) == NODE_PROGRAM_CLOSURE, "plugins/module_utils/_node_programs.py NODE_PROGRAMS: %s" % sorted(
+        set(names) ^ NODE_PROGRAM_CLOSURE
+    )
+
+
+def test_the_roles_list_if_present_is_node_programs():
+    """Until the role switches to node_files and drops its list, both say the same, in the same order."""
+    programs = role_program_list("launch_wrapper", "__launch_wrapper_programs")
+    if programs is not None:
+        assert programs == _node_programs.program_names()
 
 
 def test_drop_cache_loop_installs_everything_the_guard_imports():
