@@ -113,7 +113,7 @@ units:
   description:
     - Per engine of O(engines), what C(systemctl show -p Id -p ActiveState -p UnitFileState) returned for
       C(uma-vllm@<engine>.service); at least C(ActiveState) and C(UnitFileState).
-    - An engine systemd does not report reads as V({"ActiveState": "inactive", "UnitFileState": ""}).
+    - 'An engine systemd does not report reads as V({"ActiveState": "inactive", "UnitFileState": ""}).'
   returned: always
   type: dict
   sample:
