@@ -14,7 +14,6 @@ import json
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.common.warnings import get_warning_messages
 
 from ansible_collections.uma.vllm.plugins.modules import engine_facts
 
@@ -85,12 +84,15 @@ def test_defaults(run_module, systemctl, monkeypatch):
     }
 
 
-def test_garbled_stamps_warn(run_module, systemctl, node):
+def test_garbled_stamps_warn(run_module, systemctl, node, monkeypatch):
+    warned = []
+    monkeypatch.setattr(basic.AnsibleModule, "warn", lambda self, text: warned.append(text))
     with open(node["stamps_path"], "w") as handle:
         handle.write("{half")
     failed, result = run_module(engine_facts, node)
     assert not failed and result["stamps"] == {} and systemctl == []
-    assert any(node["stamps_path"] in w and "not JSON" in w for w in get_warning_messages())
+    [warning] = warned
+    assert warning.startswith(node["stamps_path"] + " is not JSON (") and "restart" in warning
 
 
 def test_bad_engine_name_fails_cleanly(run_module, systemctl, node):
