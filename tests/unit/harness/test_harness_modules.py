@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_service
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
+    engine_facts,
     node_facts,
     node_files,
     oom_diagnose,
@@ -681,7 +682,66 @@ class NodeFiles(Target):
         return None
 
 
-TARGETS = [Sysctl(), NodeFacts(), Readahead(), Guard(), Flags(), Diagnose(), NodeFiles()]
+class SystemctlShow:
+    """systemctl show as systemd 252 answers it for units it does not know: rc 0, inactive."""
+
+    def __call__(self, argv):
+        units = [a for a in argv[2:] if a.startswith("uma-vllm@")]
+        return 0, "\n".join("Id=%s\nActiveState=inactive\nUnitFileState=\n" % u for u in units), ""
+
+
+class EngineFacts(Target):
+    name = "engine_facts"
+    module = engine_facts
+    paths = ("systemd_dir", "config_dir", "stamps_path")
+    faults = {
+        "systemd": ["systemd_dir"],
+        "systemd/uma-vllm@a.service.d": [],
+        "etc/watchdog": ["config_dir"],
+        "etc/watchdog/a.json": [],
+        "state/vllm-service.json": [],
+    }
+
+    def build(self, root):
+        os.makedirs(os.path.join(root, "systemd/uma-vllm@a.service.d"))
+        _write(os.path.join(root, "systemd/uma-vllm@.service"), "[Unit]\n")
+        _write(os.path.join(root, "etc/watchdog/a.json"), "{}\n")
+        _write(os.path.join(root, "state/vllm-service.json"), json.dumps({"a": "fp"}))
+        return {
+            "systemd_dir": os.path.join(root, "systemd"),
+            "config_dir": os.path.join(root, "etc"),
+            "stamps_path": os.path.join(root, "state/vllm-service.json"),
+            "engines": ["a", "b"],
+        }
+
+    def runner(self):
+        return SystemctlShow()
+
+    def special(self, data, root, args):
+        # names that must never reach a unit name, and drop-ins/configs that are no engine's
+        bad = data.draw(st.sampled_from(["a b", "-x", "", "../a", "a/b", "a\n", "x" * 65, "a;reboot", "@a"]))
+        if data.draw(st.booleans(), label="where"):
+            args["engines"] = ["a", bad]
+            return args, ["engines[1]"], True
+        if "/" not in bad and bad:
+            os.makedirs(os.path.join(root, "systemd", "uma-vllm@%s.service.d" % bad), exist_ok=True)
+            _write(os.path.join(root, "etc/watchdog", bad + ".json"), "{}")
+        return args, [], False
+
+    def post_check(self, args, result, root):
+        from ansible_collections.uma.vllm.plugins.module_utils._engine_facts import is_engine_name
+
+        if result.get("changed"):
+            return "a read-only module reported a change"
+        names = list(result.get("units") or {}) + result.get("installed", []) + result.get("watchdogs", [])
+        if not all(is_engine_name(n) for n in names):
+            return "not an engine name in the result: %r" % names
+        if not isinstance(result.get("stamps"), dict):
+            return "stamps is not a dict"
+        return None
+
+
+TARGETS = [Sysctl(), NodeFacts(), Readahead(), Guard(), Flags(), Diagnose(), NodeFiles(), EngineFacts()]
 
 
 def _read(path):
