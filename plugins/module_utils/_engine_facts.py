@@ -27,6 +27,7 @@ Runner = Callable[[List[str]], Tuple[int, str, str]]
 DEFAULT_SYSTEMD_DIR = "/etc/systemd/system"
 DEFAULT_STAMPS_PATH = os.path.join(_paths.STATE_DIR, "vllm-service.json")
 UNIT_PREFIX = "uma-vllm@"
+WATCHDOG_PREFIX = "uma-vllm-watchdog@"
 DROP_IN_SUFFIX = ".service.d"
 WATCHDOG_SUBDIR = "watchdog"
 # what the role's "Read the engines' unit states" task asked for
@@ -70,6 +71,7 @@ def check_request(params: Dict[str, Any]) -> Dict[str, Any]:
     ):
         request[option] = check_path(option, params.get(option), fix=fix)
     request["engines"] = check_engines(params.get("engines"))
+    request["watchdog_units"] = bool(params.get("watchdog_units"))
     return request
 
 
@@ -170,8 +172,16 @@ def stamps(stamps_path: str, warnings: List[str]) -> Dict[str, Any]:
 
 def units(runner: Runner, systemctl: Optional[str], engines: List[str]) -> Dict[str, Dict[str, str]]:
     """Each engine's unit properties from one ``systemctl show`` (``{}`` and no call for none)."""
+    return read_units(runner, systemctl, engines, (UNIT_PREFIX,))[UNIT_PREFIX]
+
+
+def read_units(
+    runner: Runner, systemctl: Optional[str], engines: List[str], prefixes: Tuple[str, ...]
+) -> Dict[str, Dict[str, Dict[str, str]]]:
+    """Each engine's unit properties, per unit prefix (the engine's ``uma-vllm@``, its watchdog's
+    ``uma-vllm-watchdog@``), from one ``systemctl show`` (``{}`` per prefix and no call for none)."""
     if not engines:
-        return {}
+        return {prefix: {} for prefix in prefixes}
     if not systemctl:
         raise UmaError(
             "engines",
@@ -182,7 +192,7 @@ def units(runner: Runner, systemctl: Optional[str], engines: List[str]) -> Dict[
     argv = [systemctl, "show"]
     for prop in SHOW_PROPERTIES:
         argv += ["-p", prop]
-    argv += ["%s%s.service" % (UNIT_PREFIX, name) for name in engines]
+    argv += ["%s%s.service" % (prefix, name) for prefix in prefixes for name in engines]
     try:
         rc, out, err = runner(argv)
     except (OSError, ValueError) as exc:
@@ -197,7 +207,7 @@ def units(runner: Runner, systemctl: Optional[str], engines: List[str]) -> Dict[
             % (" ".join(argv), rc, (err or out or "").strip() or "no output"),
             "Check systemd on the node ('systemctl is-system-running'); run with become: true.",
         )
-    return unit_states(out, engines)
+    return {prefix: unit_states(out, engines, prefix) for prefix in prefixes}
 
 
 def engine_facts(params: Dict[str, Any], runner: Runner, systemctl: Optional[str]) -> Dict[str, Any]:
@@ -205,16 +215,20 @@ def engine_facts(params: Dict[str, Any], runner: Runner, systemctl: Optional[str
     request = check_request(params)
     warnings: List[str] = []
     names, paths = watchdogs(request["config_dir"], warnings)
+    prefixes = (UNIT_PREFIX, WATCHDOG_PREFIX) if request["watchdog_units"] else (UNIT_PREFIX,)
+    found = read_units(runner, systemctl, request["engines"], prefixes)
     result = {
         "installed": installed(request["systemd_dir"], warnings),
         "watchdogs": names,
         "watchdog_paths": paths,
         "stamps": stamps(request["stamps_path"], warnings),
-        "units": units(runner, systemctl, request["engines"]),
+        "units": found[UNIT_PREFIX],
         "systemd_dir": request["systemd_dir"],
         "config_dir": request["config_dir"],
         "stamps_path": request["stamps_path"],
     }
+    if request["watchdog_units"]:
+        result["watchdog_units"] = found[WATCHDOG_PREFIX]
     if warnings:
         result["warnings"] = warnings
     return result

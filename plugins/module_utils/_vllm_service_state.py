@@ -99,14 +99,15 @@ def with_peers(engines: List[Dict[str, Any]], local: List[str], peers_changed: D
     return out
 
 
-def unit_states(stdout: str, names: List[str]) -> Dict[str, Dict[str, str]]:
-    """``systemctl show -p Id -p ActiveState -p UnitFileState uma-vllm@a.service ...`` -> per engine."""
+def unit_states(stdout: str, names: List[str], prefix: str = "uma-vllm@") -> Dict[str, Dict[str, str]]:
+    """``systemctl show -p Id -p ActiveState -p UnitFileState uma-vllm@a.service ...`` -> per engine
+    (the units whose name starts with ``prefix``: the engines', or ``uma-vllm-watchdog@`` for theirs)."""
     out: Dict[str, Dict[str, str]] = {}
     for block in (stdout or "").split("\n\n"):
         props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
         unit = props.get("Id", "")
-        if unit.startswith("uma-vllm@") and unit.endswith(".service"):
-            out[unit[len("uma-vllm@") : -len(".service")]] = props
+        if unit.startswith(prefix) and unit.endswith(".service"):
+            out[unit[len(prefix) : -len(".service")]] = props
     for name in names:
         out.setdefault(name, {"ActiveState": "inactive", "UnitFileState": ""})
     return out

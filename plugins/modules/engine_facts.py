@@ -59,6 +59,12 @@ options:
     type: list
     elements: str
     default: []
+  watchdog_units:
+    description:
+      - Also read each engine's watchdog unit C(uma-vllm-watchdog@<engine>.service), in the same C(systemctl show)
+        call, into RV(watchdog_units).
+    type: bool
+    default: false
 notes:
   - C(systemctl) must be on the node when O(engines) is not empty; when it cannot run or fails, the module
     fails naming the command, its exit code and its error output.
@@ -119,6 +125,14 @@ units:
   sample:
     llama70b: {"Id": "uma-vllm@llama70b.service", "ActiveState": "active", "UnitFileState": "enabled"}
     qwen7b: {"Id": "uma-vllm@qwen7b.service", "ActiveState": "inactive", "UnitFileState": "disabled"}
+watchdog_units:
+  description:
+    - Per engine of O(engines), the same properties of its watchdog's unit C(uma-vllm-watchdog@<engine>.service),
+      read in the same C(systemctl show) call.
+  returned: when O(watchdog_units=true)
+  type: dict
+  sample:
+    llama70b: {"Id": "uma-vllm-watchdog@llama70b.service", "ActiveState": "active", "UnitFileState": "enabled"}
 systemd_dir:
   description: The O(systemd_dir) that was read.
   returned: always
@@ -149,6 +163,7 @@ def main() -> None:
             config_dir=dict(type="path", default=_paths.CONFIG_DIR),
             stamps_path=dict(type="path", default=_engine_facts.DEFAULT_STAMPS_PATH),
             engines=dict(type="list", elements="str", default=[]),
+            watchdog_units=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )

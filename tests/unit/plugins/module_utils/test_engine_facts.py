@@ -306,3 +306,32 @@ def test_systemctl_that_cannot_run_is_a_failure():
 
 def test_defaults_come_from_the_collections_paths():
     assert ef.DEFAULT_STAMPS_PATH == _paths.STATE_DIR + "/vllm-service.json"
+
+
+def test_watchdog_units_come_from_the_same_systemctl_call(tmp_path):
+    calls = []
+
+    def runner(argv):
+        calls.append(argv)
+        return (
+            0,
+            "Id=uma-vllm@a.service\nActiveState=active\nUnitFileState=enabled\n\n"
+            "Id=uma-vllm-watchdog@a.service\nActiveState=failed\nUnitFileState=enabled\n",
+            "",
+        )
+
+    params = {
+        "systemd_dir": str(tmp_path),
+        "config_dir": str(tmp_path),
+        "stamps_path": str(tmp_path / "stamps.json"),
+        "engines": ["a", "b"],
+        "watchdog_units": True,
+    }
+    out = ef.engine_facts(params, runner, "/bin/systemctl")
+    assert len(calls) == 1 and calls[0][-2:] == ["uma-vllm-watchdog@a.service", "uma-vllm-watchdog@b.service"]
+    assert out["units"]["a"]["ActiveState"] == "active" and out["units"]["b"]["ActiveState"] == "inactive"
+    assert out["watchdog_units"]["a"]["ActiveState"] == "failed"  # not mixed up with the engine's own unit
+    assert out["watchdog_units"]["b"] == {"ActiveState": "inactive", "UnitFileState": ""}
+    assert "watchdog_units" not in ef.engine_facts(
+        dict(params, watchdog_units=False), runner, "/bin/systemctl"
+    )

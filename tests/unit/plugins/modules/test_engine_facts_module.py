@@ -81,6 +81,7 @@ def test_defaults(run_module, systemctl, monkeypatch):
         "config_dir": "/etc/uma-vllm",
         "stamps_path": "/var/lib/uma-vllm/vllm-service.json",
         "engines": [],
+        "watchdog_units": False,
     }
 
 
