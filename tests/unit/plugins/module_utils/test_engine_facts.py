@@ -332,6 +332,4 @@ def test_watchdog_units_come_from_the_same_systemctl_call(tmp_path):
     assert out["units"]["a"]["ActiveState"] == "active" and out["units"]["b"]["ActiveState"] == "inactive"
     assert out["watchdog_units"]["a"]["ActiveState"] == "failed"  # not mixed up with the engine's own unit
     assert out["watchdog_units"]["b"] == {"ActiveState": "inactive", "UnitFileState": ""}
-    assert "watchdog_units" not in ef.engine_facts(
-        dict(params, watchdog_units=False), runner, "/bin/systemctl"
-    )
+    assert "watchdog_units" not in ef.engine_facts(dict(params, watchdog_units=False), runner, "/bin/systemctl")
