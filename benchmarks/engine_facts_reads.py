@@ -95,7 +95,7 @@ def run_play(path: str, inventory: str) -> tuple:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--image", default="uma-lab/node:bookworm")
     parser.add_argument("--json", action="store_true")
