@@ -8,9 +8,10 @@ For each N in ``--nodes`` it starts N systemd containers from the lab image
 ``inventories/lab`` (group ``spark``, per-host RAM and reserve) in a temp dir, runs
 ``site.yml`` of the first ``--tree`` once (the first run), then the no-op re-run of every tree
 in turn, ``--repeat`` rounds (tree A, tree B, tree A, ...), and prints the wall time and the
-PLAY RECAP's changed count of each; the medians go in the table. Then ``restore.yml`` and the
-containers are removed. A tree's first re-run after another tree's run shows what switching
-between them changes on a node (``changed`` > 0: the two write different files).
+PLAY RECAP's changed count of each; the medians go in the table. With two or more trees each
+turn starts with one unmeasured run of that tree (it puts back the files the other tree wrote
+differently; its changed count is printed as "switch"). Then ``restore.yml`` and the
+containers are removed.
 
 The nodes only persist their sysctl file (``node_prep_sysctl_apply: false``:
 the lab nodes share this machine's kernel) and run no engine
@@ -121,21 +122,28 @@ def trees(specs: list, parser: argparse.ArgumentParser) -> list:
 
 
 def measure(names: list, inv: str, a: argparse.Namespace, tree_list: list, restore: bool) -> dict:
-    """First run of the first tree, then ``--repeat`` rounds of every tree's no-op re-run."""
+    """First run of the first tree, then ``--repeat`` rounds of every tree's no-op re-run. With
+    more than one tree, each turn starts with an unmeasured run that puts the tree's own files
+    back (two releases may ship different files); its changed count is kept as ``switch``."""
     first = playbook(tree_list[0][1], inv, "site.yml", a.forks)
     runs: dict = {name: [] for name, _path in tree_list}
+    switch: dict = {name: [] for name, _path in tree_list}
     for _round in range(a.repeat):
         for name, path in tree_list:
+            if len(tree_list) > 1:
+                switch[name].append(playbook(path, inv, "site.yml", a.forks)["changed"])
             runs[name].append(playbook(path, inv, "site.yml", a.forks))
             sys.stderr.write("%d nodes, %s: %s\n" % (len(names), name, runs[name][-1]))
     if restore:
         playbook(tree_list[0][1], inv, "playbooks/restore.yml", a.forks)
-    return {"nodes": len(names), "first": first, "reruns": runs}
+    return {"nodes": len(names), "first": first, "reruns": runs, "switch": switch}
 
 
 def table(results: list, tree_list: list) -> None:
-    print("| nodes | tree | first run s (changed) | no-op re-run s, median | runs s | changed per run | failed |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| nodes | tree | first run s (changed) | no-op re-run s, median | runs s | changed per run | switch | failed |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         for i, (name, _path) in enumerate(tree_list):
             runs = r["reruns"][name]
@@ -143,8 +151,12 @@ def table(results: list, tree_list: list) -> None:
             failed = sum(x["failed"] + (x["rc"] != 0) for x in runs) + (r["first"]["failed"] if i == 0 else 0)
             walls = " ".join(str(x["wall_s"]) for x in runs)
             changed = " ".join(str(x["changed"]) for x in runs)
-            cells = (r["nodes"], name, first, statistics.median(x["wall_s"] for x in runs), walls, changed, failed)
-            print("| %s | %s | %s | %.1f | %s | %s | %d |" % cells)
+            switch = " ".join(str(x) for x in r["switch"][name]) or "-"
+            median = statistics.median(x["wall_s"] for x in runs)
+            print(
+                "| %s | %s | %s | %.1f | %s | %s | %s | %d |"
+                % (r["nodes"], name, first, median, walls, changed, switch, failed)
+            )
 
 
 def main() -> int:
