@@ -56,7 +56,10 @@ def node_files(
     vllm_service_watchdog_configs entries (``name``, ``config``); ``paths``: the role's paths and
     the rendered template units (``unit_content``, ``watchdog_unit_content``)."""
     names = [r["item"]["name"] for r in renders]
-    directories = _dirs([paths["engines_dir"], paths["state_dir"]] + [drop_in_dir(paths, n) for n in names])
+    # the config dir first: launch_wrapper creates it too, but not in check mode on a fresh node
+    directories = _dirs(
+        [paths["config_dir"], paths["engines_dir"], paths["state_dir"]] + [drop_in_dir(paths, n) for n in names]
+    )
     files = [
         {"path": "%s/%s" % (paths["systemd_dir"], paths["unit"]), "mode": "0644", "content": paths["unit_content"]}
     ]

@@ -455,6 +455,7 @@ def test_images_each_once_for_container_engines_only():
 
 PATHS = {
     "systemd_dir": "/etc/systemd/system",
+    "config_dir": "/etc/uma-vllm",
     "engines_dir": "/etc/uma-vllm/engines",
     "state_dir": "/var/lib/uma-vllm",
     "watchdog_dir": "/etc/uma-vllm/watchdog",
@@ -523,6 +524,7 @@ def test_node_files_arranges_every_file():
     launch = [{"path": "/etc/uma-vllm/engines/a.json", "mode": "0644", "content": "{}\n"}]
     out = vs.node_files(renders, launch, [{"name": "a", "config": {"rank": 0, "x": [1]}}], PATHS)
     assert [d["path"] for d in out["directories"]] == [
+        "/etc/uma-vllm",  # parents first: a check-mode run on a fresh node has none of them
         "/etc/uma-vllm/engines",
         "/var/lib/uma-vllm",
         "/etc/systemd/system/uma-vllm@a.service.d",
