@@ -141,3 +141,17 @@ def test_a_bad_mode_fails_cleanly_and_changes_nothing(runs):
     assert "option 'files[0].mode' = 644: is a number, not an octal string" in out
     assert "Traceback" not in out and "MODULE FAILURE" not in out
     assert (runs["tmp"] / "etc" / "engines" / "a.env").read_text() == SECRET.replace("42", "43")
+
+
+def test_the_invocation_is_not_logged_on_the_node(tmp_path, run_module, monkeypatch):
+    """AnsibleModule logs its invocation to the node's journal; a multi-line secret in a list
+    option is not masked there (str(list) escapes its line breaks), so the module logs none."""
+    from ansible.module_utils import basic
+
+    logged = []
+    monkeypatch.setattr(basic.AnsibleModule, "log", lambda self, msg, log_args=None: logged.append(msg))
+    multi_line = "# managed\nHF_TOKEN=\"hf_canary-journal-77\"\nOTHER=x\n"
+    failed, result = run_module(node_files, args(tmp_path, secret=multi_line))
+    assert not failed and result["changed"]
+    assert not [m for m in logged if "hf_canary-journal-77" in m], logged
+    assert not [m for m in logged if m.startswith("Invoked")], logged
