@@ -150,7 +150,7 @@ def test_the_invocation_is_not_logged_on_the_node(tmp_path, run_module, monkeypa
 
     logged = []
     monkeypatch.setattr(basic.AnsibleModule, "log", lambda self, msg, log_args=None: logged.append(msg))
-    multi_line = "# managed\nHF_TOKEN=\"hf_canary-journal-77\"\nOTHER=x\n"
+    multi_line = '# managed\nHF_TOKEN="hf_canary-journal-77"\nOTHER=x\n'
     failed, result = run_module(node_files, args(tmp_path, secret=multi_line))
     assert not failed and result["changed"]
     assert not [m for m in logged if "hf_canary-journal-77" in m], logged
