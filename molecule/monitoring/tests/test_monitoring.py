@@ -28,7 +28,7 @@ def test_timer_enabled_and_active_and_units_managed(host):
 
 
 def test_programs_installed_as_in_the_collection(host):
-    for name in ("_metrics.py", "_common.py"):
+    for name in ("_metrics.py", "_common.py", "_paths.py"):
         installed = host.file("/usr/local/lib/uma-vllm/monitoring/" + name)
         assert installed.mode == 0o644 and installed.user == "root"
         with open(os.path.join(REPO, "plugins", "module_utils", name), encoding="utf-8") as handle:
