@@ -128,9 +128,11 @@ PLAY = """
           - new.stamps == (old_stamps.content | b64decode | from_json)
           # systemctl show answers in the order it was asked
           - (engines | map('extract', new.units) | map(attribute='ActiveState') | list)
-            == (old_units.stdout_lines | select('match', '^ActiveState=') | map('regex_replace', '^ActiveState=', '') | list)
+            == (old_units.stdout_lines | select('match', '^ActiveState=')
+                | map('regex_replace', '^ActiveState=', '') | list)
           - (engines | map('extract', new.units) | map(attribute='UnitFileState') | list)
-            == (old_units.stdout_lines | select('match', '^UnitFileState=') | map('regex_replace', '^UnitFileState=', '') | list)
+            == (old_units.stdout_lines | select('match', '^UnitFileState=')
+                | map('regex_replace', '^UnitFileState=', '') | list)
           - (engines | map('extract', new.units) | map(attribute='Id') | list)
             == (old_units.stdout_lines | select('match', '^Id=') | map('regex_replace', '^Id=', '') | list)
           - new.watchdogs == (old_wd.files | map(attribute='path') | map('basename')
