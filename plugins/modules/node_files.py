@@ -246,9 +246,11 @@ def main() -> None:
             lib_dir=dict(type="path", default=_paths.LIB_DIR),
         ),
         supports_check_mode=True,
-        # Nothing of the invocation goes to the node's journal: AnsibleModule logs a list option as
-        # str(list), where a multi-line secret content is escaped and no longer matches the no_log
-        # value it should be masked by (a canary in molecule/cluster found it in the journal).
+        # AnsibleModule logs a list option as str(list), where a multi-line secret content is escaped
+        # and no longer matches the no_log value that should mask it. This default keeps the
+        # invocation out of the node's journal when run without a task; under a task, the task's
+        # no_log decides (ansible-core overrides this with _ansible_no_log): give secret_files only
+        # from a task with no_log: true (roles/vllm_service does; molecule/cluster's canary checks).
         no_log=True,
     )
     run_module(
