@@ -7,8 +7,10 @@ filter (tasks/engine.yml up to this release), rendered by ansible-core's to_nice
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.uma.vllm.plugins.filter import launch_wrapper as lw
@@ -107,3 +109,10 @@ def test_missing_keys_are_refused():
     del engine["port"]
     with pytest.raises(AnsibleFilterError, match=r"launch_wrapper_engines\[e1\] has no 'port'"):
         lw.engine_config(engine)
+
+
+def test_the_default_managed_text_is_the_roles():
+    """vllm_service writes engine configs without passing the text; it must be launch_wrapper's own."""
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
+    with open(os.path.join(root, "roles", "launch_wrapper", "vars", "main.yml"), encoding="utf-8") as handle:
+        assert yaml.safe_load(handle)["__launch_wrapper_managed"] == MANAGED
