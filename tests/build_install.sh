@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the collection tarball, install it somewhere fresh, and use it by FQCN
 # only from there: ansible-doc of every module and role, the installed
-# playbooks, and the uma_sysctl acceptance check of issue 2 (changed,
+# playbooks, every filter documented, and the uma_sysctl acceptance check of issue 2 (changed,
 # unchanged, changed after an edit; bad input fails cleanly and writes nothing).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +25,12 @@ roles=$(ls "$work/collections/ansible_collections/uma/vllm/roles")
 for r in $roles; do
   ansible-doc -t role "uma.vllm.$r" >/dev/null || { echo "ansible-doc -t role uma.vllm.$r failed" >&2; exit 1; }
 done
-echo "ansible-doc renders: $(echo "$modules" | wc -w) modules, $(echo "$roles" | wc -w) roles"
+filters=$(ANSIBLE_NOCOLOR=1 ansible-doc -t filter -l uma.vllm | awk '{print $1}' | sort)
+[ -n "$filters" ] || { echo "ansible-doc -t filter -l uma.vllm lists no filters" >&2; exit 1; }
+for f in $filters; do
+  ansible-doc -t filter "$f" >/dev/null || { echo "ansible-doc -t filter $f failed (undocumented filter)" >&2; exit 1; }
+done
+echo "ansible-doc renders: $(echo "$modules" | wc -w) modules, $(echo "$roles" | wc -w) roles, $(echo "$filters" | wc -w) filters"
 for p in site restore diagnose; do
   ansible-playbook "uma.vllm.$p" -i "$root/inventories/spark" --syntax-check >/dev/null
 done
