@@ -79,8 +79,8 @@ SIZING_CEILING_BYTES = 8 * GIB
 SIZING_STEP_BYTES = 64 * MIB
 MAX_RESERVE_PERCENT = 10
 SIZING_DOC = (
-    "3% of RAM rounded down to a multiple of 64 MiB, at least the kernel's own default and 256 MiB, "
-    "at most 8 GiB and below 10% of RAM"
+    "3% of RAM rounded down to a multiple of 64 MiB, raised to at least the larger of 256 MiB and the "
+    "kernel's own default, cut to at most the smaller of 8 GiB and 10% of RAM less 64 MiB (the cut wins)"
 )
 
 MIN_RAM_GIB = 1.0

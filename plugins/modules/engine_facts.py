@@ -11,7 +11,7 @@ module: engine_facts
 short_description: Read the vLLM engines' state on a node in one task (installed engines, watchdogs, stamps, units)
 version_added: 0.1.0
 description:
-  - Reads, in one pass, what the role M(uma.vllm.vllm_service) needs to know about the engines already on a node
+  - Reads, in one pass, what the role C(uma.vllm.vllm_service) needs to know about the engines already on a node
     before it decides what to remove, write and restart.
   - The engines installed on the node are those with a drop-in directory
     O(systemd_dir)C(/uma-vllm@<engine>.service.d); a regular file of that name does not count.
@@ -45,7 +45,7 @@ options:
     default: /etc/uma-vllm
   stamps_path:
     description:
-      - The file in which M(uma.vllm.vllm_service) records, per engine, the fingerprint of the files each
+      - The file in which the role C(uma.vllm.vllm_service) records, per engine, the fingerprint of the files each
         engine was last started with.
       - Missing means no engine was started yet (V({})). Unreadable, not JSON or not a JSON object also reads
         as V({}), with a warning; the role then restarts the started engines, which is the safe side.

@@ -17,8 +17,9 @@ description:
   - Applies the values live (under C(/proc/sys)) unless O(apply=false), and reports drift of
     the file and of each live value separately.
   - Without an explicit O(min_free_kbytes) the reserve is sized from RAM by the rule
-    C(uma-3pct-v1) - 3% of RAM rounded down to a multiple of 64 MiB, at least the kernel's own
-    default (4*sqrt(RAM in kB)) and 256 MiB, at most 8 GiB and below 10% of RAM. That gives
+    C(uma-3pct-v1) - 3% of RAM rounded down to a multiple of 64 MiB, raised to at least the larger
+    of 256 MiB and the kernel's own default (4*sqrt(RAM in kB) kB), cut to at most the smaller of
+    8 GiB and 10% of RAM less 64 MiB (on a tiny node the cut wins). That gives
     3.56 GiB on a 119 GiB node and 3.62 GiB on a 121 GiB node (the published two-node fix used
     5 and 3 GiB). The result says which rule and inputs made the value.
   - Finds other files (sysctl.d directories and C(/etc/sysctl.conf)) that set the same keys and

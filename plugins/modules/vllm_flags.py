@@ -58,8 +58,10 @@ options:
       - Memory to keep free on the node in GiB (OS, page cache, vm.min_free_kbytes, other engines).
       - "Unified memory with O(total_memory_gib): when not given it is derived from the node's expected
         C(MemAvailable) at start (O(node_baseline_gib) + the watermark reserve of O(min_free_kbytes) and
-        O(watermark_scale_factor), as the kernel's C(si_mem_available) computes it + O(other_engines_gib));
-        a given value below that is refused with the numbers."
+        O(watermark_scale_factor), as the kernel's C(si_mem_available) computes it: high + 2 x low
+        watermark + RAM/256, + O(other_engines_gib)). A given value below the part that is certain (high
+        watermark + RAM/256 + a given O(node_baseline_gib) + O(other_engines_gib)) is refused with the
+        numbers; one between that floor and the derived value is accepted with a warning."
       - Without O(total_memory_gib) or on discrete GPUs it defaults to 0.
     type: float
   min_free_kbytes:
