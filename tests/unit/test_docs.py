@@ -12,7 +12,7 @@ import yaml
 from ansible_collections.uma.vllm.plugins.filter import launch_wrapper, node_budget, role_args, vllm_service, watchdog
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "docs").rglob("*.rst"))
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "docs").rglob("*.rst"))]
 # things that exist only beside a checkout, on the machine that wrote it, or in a tracker
 OUTSIDE = re.compile(r"\.\./shared|LAB-NOTES|issue \d+ notes|\(stop \d+\)|/work/|/tmp/i\d+")
 
