@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
-        atomic_write,
+        node_write,
         parse_fingerprint,
         read_json,
         read_meminfo,
@@ -37,7 +37,7 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils._paths import RUN_DIR, STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
-        atomic_write,
+        node_write,
         parse_fingerprint,
         read_json,
         read_meminfo,
@@ -355,7 +355,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         collect(args.state_dir, args.run_dir, args.sysctl_file, args.proc_root, args.sysctl_keys or DEFAULT_SYSCTL_KEYS)
     )
     try:
-        atomic_write(args.output, text, 0o644)
+        node_write(args.output, text, 0o644)
     except OSError as err:
         sys.stderr.write("_metrics.py: cannot write %s: %s\n" % (args.output, err.strerror or err))
         return 1
