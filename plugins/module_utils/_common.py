@@ -18,7 +18,7 @@ import secrets
 import stat
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Set, Union
 
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 
@@ -102,7 +102,9 @@ def read_text(path: str) -> Optional[str]:
         return None
 
 
-def atomic_write(path: str, content: str, mode: int = 0o644, safe: bool = False, durable: bool = True) -> None:
+def atomic_write(
+    path: str, content: Union[str, bytes], mode: int = 0o644, safe: bool = False, durable: bool = True
+) -> None:
     """Write ``content`` to ``path`` so that readers see the old or the new file.
 
     The data goes to an exclusive temporary file (``O_EXCL|O_NOFOLLOW``, a random
@@ -121,7 +123,8 @@ def atomic_write(path: str, content: str, mode: int = 0o644, safe: bool = False,
     except OSError as exc:
         raise _nothing_replaced(exc, path) from exc
     try:
-        _replace_in(dfd, name, content.encode("utf-8"), mode, durable, path)
+        data = content if isinstance(content, bytes) else content.encode("utf-8")
+        _replace_in(dfd, name, data, mode, durable, path)
     finally:
         os.close(dfd)
 

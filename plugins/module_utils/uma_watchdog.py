@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
@@ -151,6 +151,7 @@ class Watchdog:
         self.last_exit: Optional[int] = None
         self._started = clock()
         self.ticks = 0
+        self.write_errors: Set[str] = set()
 
     def _min_free(self) -> int:
         try:
@@ -176,7 +177,14 @@ class Watchdog:
         try:
             node_write_json(os.path.join(self.dir, "events.json"), self.events)
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (self.dir, err))
+            self.cannot_write(err)
+
+    def cannot_write(self, err: OSError) -> None:
+        """A write that failed, said once per file and reason (not on every tick)."""
+        text = "cannot write %s: %s" % (err.filename, err.strerror or err)
+        if text not in self.write_errors:
+            self.write_errors.add(text)
+            log(self.engine, text)
 
     def snapshot(self) -> Dict[str, Any]:
         s = self.state
@@ -208,7 +216,7 @@ class Watchdog:
         try:
             node_write_json(os.path.join(self.dir, "state.json"), snap)
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (self.dir, err))
+            self.cannot_write(err)
         probes.sd_notify("STATUS=%s: %s" % (snap["phase"].upper(), snap["reason"][:200]))
         if self.cfg.get("textfile_dir"):
             self.write_metrics(snap)
@@ -245,7 +253,7 @@ class Watchdog:
         try:
             node_write(path, render(out, METRICS))
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (path, err))
+            self.cannot_write(err)
 
     # ---- observations
     def observe(self) -> Dict[str, Any]:
