@@ -303,7 +303,7 @@ def _state_problem(path: str, kind: type, check: Any, cap: int) -> Any:
     except (ValueError, RecursionError) as exc:
         return "is not valid JSON, truncated or damaged (%s)" % str(exc)[:120], None
     if not isinstance(value, kind) or isinstance(value, bool):
-        return "holds a JSON %s where %s is expected" % (_json_kind(value), _json_kind(kind())), None
+        return "holds a JSON %s, not a JSON %s" % (_json_kind(value), _json_kind(kind())), None
     problem = check(value) if check else None
     return (problem, None) if problem else (None, value)
 

@@ -35,7 +35,7 @@ import types
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, _launch_node, uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils import _common, _launch_node, _metrics, uma_launch
 from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -136,11 +136,21 @@ def _read_guard_status(tmp_path, path):
     assert stand_in.record["guard_status"] is None and "guard-stopped" in log.out.getvalue()
 
 
+def _read_metrics(tmp_path, path):
+    # no "latest" link: the collector falls back to the kept records, r1/launch.json among them
+    none = str(tmp_path / "none")
+    samples = _metrics.collect(str(tmp_path / "state"), str(tmp_path / "run"), none, none)
+    assert not [s for s in samples if s[1].get("engine") == "e1"]  # nothing from the damaged file
+    assert ("uma_vllm_textfile_source_ok", {"source": "launches"}, 1) in samples or "launches" not in str(path)
+
+
 READERS = [
     ("watchdog state.json", "state/watchdog/main/state.json", dict, _read_watchdog_state),
     ("watchdog events.json", "state/watchdog/main/events.json", list, _read_watchdog_events),
     ("launch lock holder", "run/launch.lock.holder", dict, _read_lock_holder),
     ("guard status (launcher)", "state/launches/e1/r1/guard.json", dict, _read_guard_status),
+    ("launch record (textfile collector)", "state/launches/e1/r1/launch.json", dict, _read_metrics),
+    ("guard status (textfile collector)", "run/guard-e1.json", dict, _read_metrics),
 ]
 CASES = [
     pytest.param(relative, kind, read, damage, make, id="%s: %s" % (name, damage))
@@ -286,7 +296,7 @@ JSON_TARGETS = {
 }
 PROM_TARGETS = ("textfile/uma_vllm_watchdog_main.prom", "textfile/uma_vllm.prom")
 KINDS = {"state/watchdog/main/events.json": list}
-ITERATIONS = int(os.environ.get("UMA_SIGKILL_ITERATIONS", "80"))
+ITERATIONS = int(os.environ.get("UMA_SIGKILL_ITERATIONS", "60"))
 
 
 def _check_whole(root):
