@@ -296,7 +296,7 @@ JSON_TARGETS = {
 }
 PROM_TARGETS = ("textfile/uma_vllm_watchdog_main.prom", "textfile/uma_vllm.prom")
 KINDS = {"state/watchdog/main/events.json": list}
-ITERATIONS = int(os.environ.get("UMA_SIGKILL_ITERATIONS", "60"))
+ITERATIONS = int(os.environ.get("UMA_SIGKILL_ITERATIONS", "50"))
 
 
 def _check_whole(root):
