@@ -130,6 +130,20 @@ class LaunchLock:
         return self.fd is not None
 
 
+def point_latest(record_dir: str) -> None:
+    """``<record_dir>/../latest`` -> this record: a symlink made under a random name in a checked directory."""
+    parent = os.path.dirname(record_dir)
+    os.close(open_safe_dir(parent))
+    latest = os.path.join(parent, "latest")
+    tmp = "%s.%s.tmp" % (latest, os.urandom(6).hex())
+    os.symlink(os.path.basename(record_dir), tmp)
+    try:
+        os.replace(tmp, latest)
+    except OSError:
+        os.unlink(tmp)  # e.g. a directory where the link goes: said by the caller, nothing left behind
+        raise
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -75,7 +75,6 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         node_write_json,
-        open_safe_dir,
         read_meminfo,
         read_state,
     )
@@ -103,6 +102,7 @@ try:
         exit_code,
         model_files,
         node_shutting_down,
+        point_latest,
         set_oom_score_adj,
         stamp,
     )
@@ -110,7 +110,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _guard_watch  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
-    from _common import UmaError, node_write_json, open_safe_dir, read_meminfo, read_state  # type: ignore[no-redef]
+    from _common import UmaError, node_write_json, read_meminfo, read_state  # type: ignore[no-redef]
     from _launch_config import (  # type: ignore[no-redef]
         DEFAULTS,
         EXIT_ADMISSION,
@@ -135,6 +135,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         exit_code,
         model_files,
         node_shutting_down,
+        point_latest,
         set_oom_score_adj,
         stamp,
     )
@@ -209,11 +210,7 @@ class Launch:
     def write_record(self) -> None:
         try:
             node_write_json(os.path.join(self.record_dir, "launch.json"), self.record)
-            os.close(open_safe_dir(os.path.dirname(self.record_dir)))  # "latest" goes beside: a checked directory
-            latest = os.path.join(os.path.dirname(self.record_dir), "latest")
-            tmp = "%s.%s.tmp" % (latest, os.urandom(6).hex())
-            os.symlink(os.path.basename(self.record_dir), tmp)
-            os.replace(tmp, latest)
+            point_latest(self.record_dir)
         except OSError as err:
             self.log.line("cannot write the launch record in %s: %s" % (self.record_dir, err))
 

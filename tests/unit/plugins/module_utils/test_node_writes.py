@@ -207,6 +207,17 @@ def test_a_symlink_at_the_old_predictable_temp_name_is_not_followed(tmp_path, na
     assert stat.S_ISREG(os.lstat(target).st_mode) and target.read_text() != VICTIM_TEXT
 
 
+def test_a_directory_where_latest_goes_is_said_and_leaves_nothing_behind(tmp_path):
+    record_dir = tmp_path / "launches" / "e1" / "r1"
+    (tmp_path / "launches" / "e1" / "latest" / "x").mkdir(parents=True)
+    stand_in = types.SimpleNamespace(record_dir=str(record_dir), record={"exit_code": 0}, log=uma_launch.Log("e1"))
+    stand_in.log.out = io.StringIO()
+    uma_launch.Launch.write_record(stand_in)
+    assert "cannot write the launch record" in stand_in.log.out.getvalue()
+    assert json.loads((record_dir / "launch.json").read_text()) == {"exit_code": 0}
+    assert sorted(os.listdir(record_dir.parent)) == ["latest", "r1"]  # no temp link left
+
+
 def test_a_dangling_symlink_at_the_lock_path_creates_nothing(tmp_path):
     """The lock file is opened in place (flock): with O_CREAT through a link, root would create any file."""
     victim = tmp_path / "created-by-root"
@@ -317,7 +328,7 @@ def test_every_other_write_of_the_node_programs_is_known():
                 if pattern.search(line):
                     found.add((name, line.strip()[:60]))
     assert found == {
-        ("uma_launch.py", "os.replace(tmp, latest)"),
+        ("_launch_node.py", "os.replace(tmp, latest)"),
         ("uma_guard.py", 'with open(self.drop_path, "w", encoding="ascii") as handle:'),
         ("uma_watchdog.py", 'os.path.join(self.cfg["meminfo_root"], "sys", "vm", "drop_ca'),
         ("_blockdev.py", 'with open(path, "w", encoding="ascii") as handle:'),
