@@ -125,6 +125,9 @@ def atomic_write(
     try:
         data = content if isinstance(content, bytes) else content.encode("utf-8")
         _replace_in(dfd, name, data, mode, durable, path)
+        if safe and (directory, name) not in _SWEPT:
+            _SWEPT.add((directory, name))
+            _sweep_stale(dfd, name)
     finally:
         os.close(dfd)
 
@@ -164,6 +167,30 @@ def _replace_in(dfd: int, name: str, data: bytes, mode: int, durable: bool, path
         raise
     if durable:
         os.fsync(dfd)
+
+
+_SWEPT: Set[Any] = set()
+_TEMP_RE = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
+STALE_TEMP_S = 600
+
+
+def _sweep_stale(dfd: int, name: str) -> None:
+    """Remove this file's temp files that a killed writer (a power loss) left, once per process.
+
+    Only ``.<name>.<12 hex>.tmp`` regular files older than STALE_TEMP_S: no writer holds one that long.
+    """
+    now = time.time()
+    try:
+        with os.scandir(dfd) as entries:
+            for entry in entries:
+                match = _TEMP_RE.fullmatch(entry.name)
+                if not match or match.group(1) != name:
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TEMP_S:
+                    os.unlink(entry.name, dir_fd=dfd)
+    except OSError:
+        pass  # best effort: a leftover temp file is harmless
 
 
 def open_safe_dir(directory: str) -> int:

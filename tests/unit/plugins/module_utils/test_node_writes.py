@@ -18,6 +18,7 @@ import json
 import os
 import re
 import stat
+import time
 import types
 
 import pytest
@@ -336,3 +337,25 @@ def test_every_other_write_of_the_node_programs_is_known():
         ("_launch_node.py", 'with open(path, "w", encoding="ascii") as handle:'),
         ("_launch_node.py", 'with open(os.path.join(proc_root, "sys", "vm", "drop_caches"'),
     }
+
+
+def test_temp_files_a_killed_writer_left_are_swept_once_they_are_old(tmp_path):
+    """A power loss mid-write leaves ``.<name>.<hex>.tmp``; the next start removes the old ones of that file."""
+    old = time.time() - _common.STALE_TEMP_S - 60
+    names = {
+        "stale": ".f.json.0123456789ab.tmp",
+        "fresh": ".f.json.aaaaaaaaaaaa.tmp",
+        "another file's": ".g.json.0123456789ab.tmp",
+        "not ours": ".f.json.keep.tmp",
+    }
+    for key, name in names.items():
+        (tmp_path / name).write_text("half")
+        if key != "fresh":
+            os.utime(tmp_path / name, (old, old))
+    os.symlink(str(tmp_path / "victim"), str(tmp_path / ".f.json.bbbbbbbbbbbb.tmp"))
+    os.utime(tmp_path / ".f.json.bbbbbbbbbbbb.tmp", (old, old), follow_symlinks=False)
+    _common._SWEPT.clear()
+    _common.node_write(str(tmp_path / "f.json"), "{}\n")
+    left = set(os.listdir(tmp_path))
+    assert names["stale"] not in left
+    assert {names["fresh"], names["another file's"], names["not ours"], ".f.json.bbbbbbbbbbbb.tmp"} <= left
