@@ -35,8 +35,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
-        atomic_write_json,
         managed_header,
+        node_write_json,
         read_json,
         read_text,
         systemd_quote,
@@ -45,8 +45,8 @@ try:
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
         UmaError,
-        atomic_write_json,
         managed_header,
+        node_write_json,
         read_json,
         read_text,
         systemd_quote,
@@ -384,7 +384,7 @@ def new_record(
 
 def write_record(path: str, data: Dict[str, Any]) -> None:
     try:
-        atomic_write_json(path, data, 0o644)
+        node_write_json(path, data, 0o644)
     except OSError as err:
         raise UmaError(
             "state_dir",

@@ -14,8 +14,11 @@ import hashlib
 import json
 import os
 import re
-import tempfile
-from typing import Any, Dict, Optional
+import secrets
+import stat
+import sys
+import time
+from typing import Any, Callable, Dict, Optional, Set, Union
 
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 
@@ -99,34 +102,139 @@ def read_text(path: str) -> Optional[str]:
         return None
 
 
-def atomic_write(path: str, content: str, mode: int = 0o644) -> None:
+def atomic_write(
+    path: str, content: Union[str, bytes], mode: int = 0o644, safe: bool = False, durable: bool = True
+) -> None:
     """Write ``content`` to ``path`` so that readers see the old or the new file.
 
-    The data goes to a temporary file in the same directory, is flushed to
-    disk, then renamed over the target. A failure leaves the old file intact
-    and no temporary file behind.
+    The data goes to an exclusive temporary file (``O_EXCL|O_NOFOLLOW``, a random
+    name) in the same directory, gets its mode (``fchmod``), is flushed to disk,
+    then renamed over the target, and the directory is flushed. A failure leaves
+    the old file intact and no temporary file behind. ``safe``: the directory is
+    checked first (:func:`open_safe_dir`), as every write of a node program does
+    (:func:`node_write`); a symlink at ``path`` is replaced, never followed.
+    ``durable=False`` skips both fsyncs (still atomic).
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
+    name = os.path.basename(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
+        os.makedirs(directory, mode=0o755 if safe else 0o777, exist_ok=True)
+        dfd = open_safe_dir(directory) if safe else os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise _nothing_replaced(exc, path) from exc
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(content)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        data = content if isinstance(content, bytes) else content.encode("utf-8")
+        _replace_in(dfd, name, data, mode, durable, path)
+        if safe and (directory, name) not in _SWEPT:
+            _SWEPT.add((directory, name))
+            _sweep_stale(dfd, name)
+    finally:
+        os.close(dfd)
+
+
+def _replace_in(dfd: int, name: str, data: bytes, mode: int, durable: bool, path: str) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    tmp, fd = "", -1
+    for _attempt in range(100):
+        tmp = ".%s.%s.tmp" % (name, secrets.token_hex(6))
+        try:
+            fd = os.open(tmp, flags, 0o600, dir_fd=dfd)
+            break
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _nothing_replaced(exc, path) from exc
+    if fd < 0:
+        raise _nothing_replaced(FileExistsError(errno.EEXIST, "no free temporary name", path), path)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException as exc:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp, dir_fd=dfd)
         except FileNotFoundError:
             pass
         if isinstance(exc, OSError) and exc.errno is not None:
             raise _nothing_replaced(exc, path) from exc
         raise
+    if durable:
+        os.fsync(dfd)
+
+
+_SWEPT: Set[Any] = set()
+_TEMP_RE = re.compile(r"\.(.+)\.[0-9a-f]{12}\.tmp")
+STALE_TEMP_S = 600
+
+
+def _sweep_stale(dfd: int, name: str) -> None:
+    """Remove this file's temp files that a killed writer (a power loss) left, once per process.
+
+    Only ``.<name>.<12 hex>.tmp`` regular files older than STALE_TEMP_S: no writer holds one that long.
+    """
+    now = time.time()
+    try:
+        with os.scandir(dfd) as entries:
+            for entry in entries:
+                match = _TEMP_RE.fullmatch(entry.name)
+                if not match or match.group(1) != name:
+                    continue
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > STALE_TEMP_S:
+                    os.unlink(entry.name, dir_fd=dfd)
+    except OSError:
+        pass  # best effort: a leftover temp file is harmless
+
+
+def open_safe_dir(directory: str) -> int:
+    """An ``O_DIRECTORY`` fd on ``directory``, checked for a root write; PermissionError naming it if unsafe.
+
+    Safe: a real directory (the last component is not a symlink), owned by root or this
+    process's effective uid, writable by neither its group nor others. The checks run on
+    the opened fd (``fstat``), so the directory cannot be swapped between check and use.
+    """
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(directory):
+            raise _unsafe(directory, "is a symlink") from None
+        raise
+    info = os.fstat(dfd)
+    problem = ""
+    if info.st_uid not in (0, os.geteuid()):
+        problem = "belongs to uid %d" % info.st_uid
+    elif info.st_mode & 0o022:
+        problem = "is writable by its group or others (mode %04o)" % (info.st_mode & 0o7777)
+    if problem:
+        os.close(dfd)
+        raise _unsafe(directory, problem)
+    return dfd
+
+
+def _unsafe(directory: str, problem: str) -> PermissionError:
+    return PermissionError(
+        errno.EPERM,
+        "directory %s %s: refused, a root write there could be turned against another file"
+        " (make it a real directory of root or uid %d, writable by nobody else: mode 0755 or stricter)"
+        % (directory, problem, os.geteuid()),
+        directory,
+    )
+
+
+def node_write(path: str, content: str, mode: int = 0o644, durable: bool = True) -> None:
+    """A node program's write: :func:`atomic_write` in a checked directory (``safe=True``)."""
+    atomic_write(path, content, mode, safe=True, durable=durable)
+
+
+def node_write_json(path: str, data: Any, mode: int = 0o644, durable: bool = True) -> None:
+    node_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode, durable)
 
 
 def _nothing_replaced(exc: OSError, path: str) -> OSError:
@@ -148,6 +256,108 @@ def read_json(path: str) -> Optional[Any]:
         return json.loads(text)
     except ValueError:
         return None
+
+
+STATE_READ_CAP = 8 << 20  # bytes: no state file of the node programs comes near it
+_SAID: Set[str] = set()
+
+
+def read_state(
+    path: str,
+    kind: type = dict,
+    check: Optional[Callable[[Any], Optional[str]]] = None,
+    prog: str = "uma-vllm",
+    cap: int = STATE_READ_CAP,
+) -> Optional[Any]:
+    """A node program's own state file, or None (start fresh) when it is missing or damaged.
+
+    Damaged: not a regular file (a directory, a symlink, a loop), larger than ``cap``,
+    empty, not UTF-8, not JSON (truncated), NaN/Infinity, or not of ``kind`` (the JSON
+    ``true`` is not a number, a string is not an object); ``check(value)`` may name more
+    (a problem string). A damaged file is renamed to ``<path>.damaged-<UTC time>`` (left
+    in place and ignored when it cannot be renamed), and one line on stderr (the journal)
+    names the file, what was wrong and where it went - once per path and process.
+    """
+    problem, value = _state_problem(path, kind, check, cap)
+    if problem is None:
+        return value
+    if path not in _SAID:
+        _SAID.add(path)
+        sys.stderr.write("%s: state file %s %s; %s, starting fresh\n" % (prog, path, problem, _set_aside(path)))
+        sys.stderr.flush()
+    return None
+
+
+def _state_problem(path: str, kind: type, check: Any, cap: int) -> Any:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return "cannot be examined (%s)" % (exc.strerror or exc), None
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            return "is a symlink (to %r), not a file" % os.readlink(path), None
+        except OSError:
+            return "is a symlink, not a file", None
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file (%s)" % ("a directory" if stat.S_ISDIR(info.st_mode) else "a special file"), None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            chunks, size = [], 0
+            while size <= cap:
+                chunk = os.read(fd, min(1 << 20, cap + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return "cannot be read (%s)" % (exc.strerror or exc), None
+    if size > cap:
+        return "is larger than %d bytes" % cap, None
+    data = b"".join(chunks)
+    if not data.strip():
+        return "is empty", None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return "is not UTF-8 (byte %d)" % exc.start, None
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        return "is not valid JSON, truncated or damaged (%s)" % str(exc)[:120], None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        return "holds a JSON %s, not a JSON %s" % (_json_kind(value), _json_kind(kind())), None
+    problem = check(value) if check else None
+    return (problem, None) if problem else (None, value)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError("%s is not a number" % name)
+
+
+def _json_kind(value: Any) -> str:
+    for kind, name in ((bool, "boolean"), ((int, float), "number"), (str, "string"), (dict, "object"), (list, "list")):
+        if isinstance(value, kind):
+            return name
+    return "null"
+
+
+def _set_aside(path: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = "%s.damaged-%s" % (path, stamp)
+    count = 1
+    while os.path.lexists(target):
+        count += 1
+        target = "%s.damaged-%s-%d" % (path, stamp, count)
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        return "left in place and ignored (cannot rename it: %s)" % (exc.strerror or exc)
+    return "set aside as %s" % target
 
 
 def read_meminfo(proc_root: str = "/proc") -> Dict[str, int]:

@@ -9,7 +9,6 @@ Node-side (runs on the node with the stdlib only; shipped beside ``uma_guard.py`
 from __future__ import annotations
 
 import datetime
-import errno
 import json
 import os
 import sys
@@ -17,9 +16,9 @@ import threading
 from typing import Any, Dict, List, Optional
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json
+    from ansible_collections.uma.vllm.plugins.module_utils._common import node_write, node_write_json, open_safe_dir
 except ImportError:  # pragma: no cover - node-side use without Ansible
-    from _common import atomic_write_json  # type: ignore[no-redef]
+    from _common import node_write, node_write_json, open_safe_dir  # type: ignore[no-redef]
 
 
 def cpu_seconds() -> float:
@@ -36,19 +35,16 @@ def utc_now() -> str:
 def open_samples(path: str) -> Any:
     """The samples file, opened so that a root guard cannot be turned against another file.
 
-    The directory must belong to the guard's user and be writable by nobody else (no /tmp),
-    and the file itself is opened with O_NOFOLLOW: a symlink planted there is refused.
+    The directory must be checked safe (``_common.open_safe_dir``: a real directory of root or
+    the guard's user, writable by nobody else; no /tmp), and the file itself is opened with
+    O_NOFOLLOW in it: a symlink planted there is refused.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    info = os.stat(directory)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise PermissionError(
-            errno.EPERM,
-            "samples file %s: its directory must belong to uid %d and be writable by nobody else"
-            " (give a file in e.g. /run/uma-vllm or /var/lib/uma-vllm)" % (path, os.geteuid()),
-        )
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags, 0o640)
+    dfd = open_safe_dir(os.path.dirname(os.path.abspath(path)))
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(os.path.basename(path), flags, 0o640, dir_fd=dfd)
+    finally:
+        os.close(dfd)
     return os.fdopen(fd, "w", encoding="ascii")
 
 
@@ -141,7 +137,7 @@ def write_status(path: Optional[str], data: Dict[str, Any]) -> bool:
     if not path:
         return True
     try:
-        atomic_write_json(path, data)
+        node_write_json(path, data)
         return True
     except OSError as err:
         sys.stderr.write("uma_guard: cannot write status %s: %s\n" % (path, err))
@@ -149,18 +145,5 @@ def write_status(path: Optional[str], data: Dict[str, Any]) -> bool:
 
 
 def _replace_file(path: str, content: str) -> None:
-    """Atomic replace without fsync: readers see the whole old or new file."""
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, ".%s.%d.tmp" % (os.path.basename(path), os.getpid()))
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Atomic replace without fsync in a checked directory: readers see the whole old or new file."""
+    node_write(path, content, 0o644, durable=False)

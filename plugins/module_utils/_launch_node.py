@@ -26,11 +26,16 @@ from typing import Any, Callable, Dict, List, Optional
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
-    from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json, read_json
+    from ansible_collections.uma.vllm.plugins.module_utils._common import (
+        node_write_json,
+        open_safe_dir,
+        path_error,
+        read_state,
+    )
     from ansible_collections.uma.vllm.plugins.module_utils._launch_config import PROG
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import uma_guard  # type: ignore[no-redef]
-    from _common import atomic_write_json, read_json  # type: ignore[no-redef]
+    from _common import node_write_json, open_safe_dir, path_error, read_state  # type: ignore[no-redef]
     from _launch_config import PROG  # type: ignore[no-redef]
 
 
@@ -82,20 +87,26 @@ class LaunchLock:
 
     def try_acquire(self) -> bool:
         if self.fd is None:
-            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, mode=0o755, exist_ok=True)
+            dfd = open_safe_dir(directory)  # a root open(O_CREAT) never follows a planted symlink
+            try:
+                flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                self.fd = os.open(os.path.basename(self.path), flags, 0o644, dir_fd=dfd)
+            finally:
+                os.close(dfd)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 return False
             raise
-        atomic_write_json(self.holder_path, {"engine": self.engine, "pid": os.getpid(), "since": time.time()})
+        node_write_json(self.holder_path, {"engine": self.engine, "pid": os.getpid(), "since": time.time()})
         return True
 
     def holder(self) -> Optional[Dict[str, Any]]:
-        data = read_json(self.holder_path)
-        if not isinstance(data, dict):
+        data = read_state(self.holder_path, dict, prog=PROG)
+        if data is None:
             return None
         pid = data.get("pid")
         data["alive"] = isinstance(pid, int) and _pid_alive(pid)
@@ -105,8 +116,8 @@ class LaunchLock:
         if self.fd is None:
             return
         try:
-            data = read_json(self.holder_path)
-            if isinstance(data, dict) and data.get("pid") == os.getpid():
+            data = read_state(self.holder_path, dict, prog=PROG)
+            if data is not None and data.get("pid") == os.getpid():
                 os.unlink(self.holder_path)
         except OSError:
             pass
@@ -117,6 +128,20 @@ class LaunchLock:
     @property
     def held(self) -> bool:
         return self.fd is not None
+
+
+def point_latest(record_dir: str) -> None:
+    """``<record_dir>/../latest`` -> this record: a symlink made under a random name in a checked directory."""
+    parent = os.path.dirname(record_dir)
+    os.close(open_safe_dir(parent))
+    latest = os.path.join(parent, "latest")
+    tmp = "%s.%s.tmp" % (latest, os.urandom(6).hex())
+    os.symlink(os.path.basename(record_dir), tmp)
+    try:
+        os.replace(tmp, latest)
+    except OSError:
+        os.unlink(tmp)  # e.g. a directory where the link goes: said by the caller, nothing left behind
+        raise
 
 
 def _pid_alive(pid: int) -> bool:
@@ -136,7 +161,13 @@ def acquire_lock(
     started = time.monotonic()
     said = -say_every
     while True:
-        if lock.try_acquire():
+        try:
+            got = lock.try_acquire()
+        except OSError as err:  # e.g. a symlink or an unsafe directory where the lock should be
+            log.step("lock-failed", lock=lock.path, reason=err.strerror or str(err))
+            fix = "Point lock_path at a file in a real directory of root, writable by nobody else."
+            raise path_error(err, {"lock_path": lock.path}, fix) from None
+        if got:
             waited = time.monotonic() - started
             log.step("lock-acquired", duration=waited, lock=lock.path)
             return True

@@ -28,24 +28,25 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
-        atomic_write,
+        node_write,
         parse_fingerprint,
-        read_json,
         read_meminfo,
+        read_state,
         read_text,
     )
     from ansible_collections.uma.vllm.plugins.module_utils._paths import RUN_DIR, STATE_DIR
 except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import (  # type: ignore[no-redef]
-        atomic_write,
+        node_write,
         parse_fingerprint,
-        read_json,
         read_meminfo,
+        read_state,
         read_text,
     )
     from _paths import RUN_DIR, STATE_DIR  # type: ignore[no-redef]
 
 MIB = 1 << 20
+PROG = "uma-vllm-textfile"  # a damaged record or guard status is set aside once (read_state), never a traceback
 
 # name -> (type, help). Order is the order in the file.
 METRICS: Dict[str, Tuple[str, str]] = {
@@ -249,7 +250,7 @@ def _kept_records(engine_dir: str) -> List[Dict[str, Any]]:
     except OSError:
         return records
     for name in names:
-        record = read_json(os.path.join(engine_dir, name, "launch.json"))
+        record = read_state(os.path.join(engine_dir, name, "launch.json"), dict, prog=PROG)
         if isinstance(record, dict):
             records.append(record)
     return records
@@ -276,14 +277,14 @@ def collect(
     guards_seen = set()
     for engine in engines:
         engine_dir = os.path.join(launches, engine)
-        record = read_json(os.path.join(engine_dir, "latest", "launch.json"))
+        record = read_state(os.path.join(engine_dir, "latest", "launch.json"), dict, prog=PROG)
         kept = _kept_records(engine_dir)
         if not isinstance(record, dict):
             record = kept[-1] if kept else None
         if record is None:
             continue
         out += launch_samples(engine, record, kept)
-        status = read_json(os.path.join(run_dir, "guard-%s.json" % engine))
+        status = read_state(os.path.join(run_dir, "guard-%s.json" % engine), dict, prog=PROG)
         if not isinstance(status, dict):
             status = record.get("guard_status") if isinstance(record.get("guard_status"), dict) else None
         if status:
@@ -296,7 +297,7 @@ def collect(
     for name in names:  # a guard running for an engine with no launch record yet
         if name.startswith("guard-") and name.endswith(".json"):
             engine = name[len("guard-") : -len(".json")]
-            status = read_json(os.path.join(run_dir, name))
+            status = read_state(os.path.join(run_dir, name), dict, prog=PROG)
             if engine not in guards_seen and isinstance(status, dict):
                 out += guard_samples(engine, status)
     try:
@@ -355,7 +356,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         collect(args.state_dir, args.run_dir, args.sysctl_file, args.proc_root, args.sysctl_keys or DEFAULT_SYSCTL_KEYS)
     )
     try:
-        atomic_write(args.output, text, 0o644)
+        node_write(args.output, text, 0o644)
     except OSError as err:
         sys.stderr.write("_metrics.py: cannot write %s: %s\n" % (args.output, err.strerror or err))
         return 1

@@ -405,17 +405,7 @@ def _put_back(path: str, old: Optional[Tuple[bytes, int]]) -> None:
         if os.path.lexists(path):
             os.unlink(path)
         return
-    tmp = "%s.uma-undo.%d" % (path, os.getpid())
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(old[0])
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, old[1])
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, old[0], old[1])  # an exclusive temp file, never a predictable name
 
 
 class _Undo:

@@ -11,18 +11,18 @@ beside ``_sysctl.py`` (roles/launch_wrapper/vars/main.yml).
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Any, Dict, List, Optional
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
+        atomic_write,
         managed_header,
         parse_fingerprint,
         read_text,
     )
 except ImportError:  # pragma: no cover - node-side use without Ansible
-    from _common import UmaError, managed_header, parse_fingerprint, read_text  # type: ignore[no-redef]
+    from _common import UmaError, atomic_write, managed_header, parse_fingerprint, read_text  # type: ignore[no-redef]
 
 
 def key_file(proc_root: str, key: str) -> str:
@@ -144,17 +144,7 @@ def put_back(path: str, raw: Optional[bytes], mode: int) -> None:
         if os.path.lexists(path):
             os.unlink(path)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".%s." % os.path.basename(path), suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(raw)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, raw, mode)
 
 
 def read_live(proc_root: str, keys: List[str]) -> Dict[str, Optional[str]]:

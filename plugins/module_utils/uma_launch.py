@@ -74,9 +74,9 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_watch, _ranks
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
-        atomic_write_json,
-        read_json,
+        node_write_json,
         read_meminfo,
+        read_state,
     )
     from ansible_collections.uma.vllm.plugins.module_utils._launch_config import (
         DEFAULTS,
@@ -102,6 +102,7 @@ try:
         exit_code,
         model_files,
         node_shutting_down,
+        point_latest,
         set_oom_score_adj,
         stamp,
     )
@@ -109,7 +110,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _guard_watch  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
-    from _common import UmaError, atomic_write_json, read_json, read_meminfo  # type: ignore[no-redef]
+    from _common import UmaError, node_write_json, read_meminfo, read_state  # type: ignore[no-redef]
     from _launch_config import (  # type: ignore[no-redef]
         DEFAULTS,
         EXIT_ADMISSION,
@@ -134,6 +135,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         exit_code,
         model_files,
         node_shutting_down,
+        point_latest,
         set_oom_score_adj,
         stamp,
     )
@@ -207,14 +209,8 @@ class Launch:
 
     def write_record(self) -> None:
         try:
-            os.makedirs(self.record_dir, exist_ok=True)
-            atomic_write_json(os.path.join(self.record_dir, "launch.json"), self.record)
-            latest = os.path.join(os.path.dirname(self.record_dir), "latest")
-            tmp = latest + ".tmp"
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
-            os.symlink(os.path.basename(self.record_dir), tmp)
-            os.replace(tmp, latest)
+            node_write_json(os.path.join(self.record_dir, "launch.json"), self.record)
+            point_latest(self.record_dir)
         except OSError as err:
             self.log.line("cannot write the launch record in %s: %s" % (self.record_dir, err))
 
@@ -403,7 +399,7 @@ class Launch:
             except subprocess.TimeoutExpired:
                 self.guard.kill()
                 self.guard.wait()
-        status = read_json(os.path.join(self.record_dir, "guard.json"))
+        status = read_state(os.path.join(self.record_dir, "guard.json"), dict, prog=PROG)
         self.record["guard_status"] = status
         if isinstance(status, dict):
             self.record["page_cache_peak_mib"] = status.get("peak_cache_mib")
@@ -688,12 +684,11 @@ class Launch:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    try:
-        config = load_config(argv)
+    try:  # a UmaError from the run is a node path that cannot be used (e.g. an unsafe lock directory)
+        return Launch(load_config(argv)).run()
     except UmaError as err:
         sys.stderr.write("%s: %s\n" % (PROG, err.message))
         return EXIT_CONFIG
-    return Launch(config).run()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
@@ -44,10 +44,11 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
-        atomic_write,
-        atomic_write_json,
+        node_write,
+        node_write_json,
         read_json,
         read_meminfo,
+        read_state,
     )
     from ansible_collections.uma.vllm.plugins.module_utils._metrics import render
     from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
@@ -57,10 +58,11 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     import uma_guard  # type: ignore[no-redef]
     from _common import (  # type: ignore[no-redef]
         UmaError,
-        atomic_write,
-        atomic_write_json,
+        node_write,
+        node_write_json,
         read_json,
         read_meminfo,
+        read_state,
     )
     from _metrics import render  # type: ignore[no-redef]
     from _systemd import Systemd  # type: ignore[no-redef]
@@ -91,6 +93,12 @@ def log(engine: str, text: str) -> None:
     sys.stdout.flush()
 
 
+def _event_problem(events: List[Any]) -> Optional[str]:
+    """events.json is a list of objects (the ones record() writes)."""
+    bad = [i for i, e in enumerate(events) if not isinstance(e, dict)]
+    return "holds an entry that is not an object (index %d)" % bad[0] if bad else None
+
+
 # --------------------------------------------------------------------------
 # The watchdog
 
@@ -114,7 +122,7 @@ class Watchdog:
         self.floors = logic.size_floors(ram, cfg.get("warn_floor_mib"), cfg.get("critical_floor_mib"))
         self.min_free = self._min_free()
         self.state = logic.new_state(clock())
-        old = read_json(os.path.join(self.dir, "state.json"))
+        old = read_state(os.path.join(self.dir, "state.json"), dict, prog=PROG)
         self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "acked_gave_up": 0}
         if isinstance(old, dict):
             # epochs survive a watchdog restart: rank 0 never reuses one, a peer never redoes one
@@ -131,7 +139,8 @@ class Watchdog:
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
             self.state["reason"] = old.get("reason", "gave up before this watchdog started")
-        self.events: List[Dict[str, Any]] = read_json(os.path.join(self.dir, "events.json")) or []
+        events = read_state(os.path.join(self.dir, "events.json"), list, _event_problem, PROG)
+        self.events: List[Dict[str, Any]] = (events or [])[-EVENTS_KEPT:]
         self.peer_seen: Dict[str, Tuple[Optional[Dict[str, Any]], float]] = {}
         self.model: Optional[str] = None
         self.last_obs: Dict[str, Any] = {}
@@ -142,6 +151,7 @@ class Watchdog:
         self.last_exit: Optional[int] = None
         self._started = clock()
         self.ticks = 0
+        self.write_errors: Set[str] = set()
 
     def _min_free(self) -> int:
         try:
@@ -165,9 +175,16 @@ class Watchdog:
         log(self.engine, "%s: %s evidence=%s" % (what, reason, json.dumps(evidence or {}, sort_keys=True)))
         self.events = [*self.events, entry][-EVENTS_KEPT:]
         try:
-            atomic_write_json(os.path.join(self.dir, "events.json"), self.events)
+            node_write_json(os.path.join(self.dir, "events.json"), self.events)
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (self.dir, err))
+            self.cannot_write(err)
+
+    def cannot_write(self, err: OSError) -> None:
+        """A write that failed, said once per file and reason (not on every tick)."""
+        text = "cannot write %s: %s" % (err.filename, err.strerror or err)
+        if text not in self.write_errors:
+            self.write_errors.add(text)
+            log(self.engine, text)
 
     def snapshot(self) -> Dict[str, Any]:
         s = self.state
@@ -197,9 +214,9 @@ class Watchdog:
         if self.server is not None:
             self.server.published = snap
         try:
-            atomic_write_json(os.path.join(self.dir, "state.json"), snap)
+            node_write_json(os.path.join(self.dir, "state.json"), snap)
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (self.dir, err))
+            self.cannot_write(err)
         probes.sd_notify("STATUS=%s: %s" % (snap["phase"].upper(), snap["reason"][:200]))
         if self.cfg.get("textfile_dir"):
             self.write_metrics(snap)
@@ -234,9 +251,9 @@ class Watchdog:
         out.append(("uma_vllm_watchdog_timestamp_seconds", labels, round(time.time(), 3)))
         path = os.path.join(self.cfg["textfile_dir"], "uma_vllm_watchdog_%s.prom" % self.engine)
         try:
-            atomic_write(path, render(out, METRICS))
+            node_write(path, render(out, METRICS))
         except OSError as err:
-            log(self.engine, "cannot write %s: %s" % (path, err))
+            self.cannot_write(err)
 
     # ---- observations
     def observe(self) -> Dict[str, Any]:
