@@ -281,7 +281,7 @@ def verify_files(dest: str, wanted: List[HubFile], manifest: Dict[str, Any]) -> 
     return checked
 
 
-def plan(request: Request, client: Any, free: Callable[[str], int] = free_bytes) -> Plan:
+def plan(request: Request, client: Any, free: Optional[Callable[[str], int]] = None) -> Plan:
     listing = client.listing(request.repo_id, request.revision)
     wanted = [f for f in listing.files if matches(f.name, request.allow_patterns)]
     if not wanted:
@@ -309,7 +309,7 @@ def plan(request: Request, client: Any, free: Callable[[str], int] = free_bytes)
         and not stale
     )
     need = sum(f.size for f in wanted if f.name in stale)
-    available = free(request.dest)
+    available = (free or free_bytes)(request.dest)
     if need > available:
         raise _bad(
             "dest",

@@ -27,7 +27,7 @@ from ansible_collections.uma.vllm.plugins.modules import model_fetch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "lab"))
-import hub_standin  # noqa: E402
+import hub_standin
 
 TOKEN = "hf_standinSecretToken0123456789"
 REPO = "lab/tiny-llama"
@@ -210,7 +210,7 @@ def test_too_small_disk_refused_before_any_byte(hub, tmp_path, monkeypatch):
 def test_too_small_tmpfs_refused_before_any_byte(hub, tmp_path):
     small = tmp_path / "small"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)]).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=False).returncode:
         pytest.fail("mount -t tmpfs failed")
     try:
         dest = str(small / "model")
@@ -242,6 +242,7 @@ def test_through_ansible_token_in_no_output(hub, tmp_path):
             "-a",
             module_args,
         ],
+        check=False,
         capture_output=True,
         text=True,
         env=env,
