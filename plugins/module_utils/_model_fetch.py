@@ -434,6 +434,17 @@ def _hub_problem(err: BaseException, request: HubRequestView) -> UmaError:
     )
 
 
+MIN_HUB_VERSION = (0, 23)
+
+
+def _version_tuple(version: str) -> tuple:
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = re.match(r"[0-9]+", piece)
+        parts.append(int(digits.group(0)) if digits else 0)
+    return tuple(parts)
+
+
 class HubRequestView:
     """What an error message may show about the request (the token only to scrub it)."""
 
@@ -461,6 +472,15 @@ class HubClient:
                 "needs the huggingface_hub package in the node's Python, which does not have it",
                 "Install it on the node (pip install huggingface_hub, or the distribution's package).",
             ) from None
+        version = str(getattr(huggingface_hub, "__version__", "0"))
+        if _version_tuple(version) < MIN_HUB_VERSION:
+            raise _bad(
+                "repo_id",
+                request.repo_id,
+                "needs huggingface_hub >= 0.23 on the node (older releases put symlinks into dest), it has %s"
+                % version,
+                "Upgrade it on the node (pip install -U huggingface_hub).",
+            )
         self.hub = huggingface_hub
 
     def listing(self, repo_id: str, revision: str) -> Listing:
@@ -469,10 +489,16 @@ class HubClient:
             info = api.model_info(repo_id, revision=revision, files_metadata=True)
         except Exception as err:
             raise _hub_problem(err, self.view) from None
-        files = [
-            HubFile(s.rfilename, int(s.size or 0), getattr(s.lfs, "sha256", None) if s.lfs else None)
-            for s in info.siblings or []
-        ]
+        siblings = list(info.siblings or [])
+        unsized = [s.rfilename for s in siblings if not isinstance(s.size, int)]
+        if unsized:
+            raise _bad(
+                "endpoint",
+                self.view.endpoint,
+                "listed %s without sizes (e.g. %s); the free-space check needs them" % (repo_id, unsized[0]),
+                "Use an endpoint that answers /api/models/ID/revision/REV?blobs=true with file sizes (the Hub does).",
+            )
+        files = [HubFile(s.rfilename, s.size, getattr(s.lfs, "sha256", None) if s.lfs else None) for s in siblings]
         return Listing(commit=str(info.sha), files=files, gated=bool(getattr(info, "gated", False)))
 
     def download(self, repo_id: str, commit: str, dest: str, patterns: List[str]) -> None:

@@ -265,3 +265,27 @@ def test_patterns_that_match_nothing_refused(hub, tmp_path):
     with pytest.raises(UmaError) as err:
         fetch(hub, str(tmp_path / "dest"), allow_patterns=["*.gguf"])
     assert err.value.option == "allow_patterns"
+
+
+def test_old_huggingface_hub_refused(monkeypatch, tmp_path):
+    import types
+
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", types.SimpleNamespace(__version__="0.20.3"))
+    with pytest.raises(UmaError) as err:
+        mf.HubClient(mf.validate(params(str(tmp_path / "d"))))
+    assert "0.20.3" in err.value.message and ">= 0.23" in err.value.message
+    assert mf._version_tuple("2.4.0") >= mf.MIN_HUB_VERSION and mf._version_tuple("0.23.0rc1") == (0, 23)
+
+
+def test_listing_without_sizes_refused(monkeypatch, tmp_path):
+    import types
+
+    sibling = types.SimpleNamespace(rfilename="model.safetensors", size=None, lfs=None)
+    info = types.SimpleNamespace(sha="a" * 40, siblings=[sibling], gated=False)
+    api = types.SimpleNamespace(model_info=lambda *a, **kw: info)
+    fake = types.SimpleNamespace(__version__="2.4.0", HfApi=lambda **kw: api)
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", fake)
+    client = mf.HubClient(mf.validate(params(str(tmp_path / "d"))))
+    with pytest.raises(UmaError) as err:
+        client.listing("lab/tiny", "main")
+    assert err.value.option == "endpoint" and "without sizes" in err.value.message
