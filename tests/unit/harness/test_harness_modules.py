@@ -33,6 +33,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
     engine_facts,
+    model_fetch,
     node_facts,
     node_files,
     oom_diagnose,
@@ -45,6 +46,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "modules"))
 from test_drop_cache_loop import FakeGuardSystemd
 from test_readahead_window import FakeSystemd
+
+sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
+from test_model_fetch import StandInHubClient, make_repo
+
+from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch
 
 EXAMPLES = int(os.environ.get("UMA_HARNESS_EXAMPLES", "1000"))
 PYTHON = "/usr/bin/python3"
@@ -741,7 +747,82 @@ class EngineFacts(Target):
         return None
 
 
-TARGETS = [Sysctl(), NodeFacts(), Readahead(), Guard(), Flags(), Diagnose(), NodeFiles(), EngineFacts()]
+class ModelFetch(Target):
+    """model_fetch against a stand-in for the Hub (StandInHubClient over a directory under root)."""
+
+    name = "model_fetch"
+    module = model_fetch
+    paths = ("dest", "token_file")
+    faults = {
+        "dest/.uma-model-manifest.json": ["dest", ".uma-model-manifest.json"],
+        "dest/model-00001-of-00002.safetensors": ["dest", "model-00001-of-00002.safetensors"],
+        "token": ["token_file"],
+    }
+
+    def build(self, root):
+        StandInHubClient.repos = {
+            "lab/tiny": (make_repo(os.path.join(root, "hub/tiny")), False),
+            "lab/gated": (os.path.join(root, "hub/tiny"), True),
+        }
+        token = os.path.join(root, "token")
+        _write(token, "hf_harnessToken123\n")
+        os.chmod(token, 0o600)
+        dest = os.path.join(root, "dest")
+        request = _model_fetch.validate(
+            {
+                "repo_id": "lab/tiny",
+                "revision": "main",
+                "dest": dest,
+                "endpoint": None,
+                "allow_patterns": None,
+                "verify": False,
+                "token_file": None,
+            }
+        )
+        client = StandInHubClient(request)
+        _model_fetch.execute(_model_fetch.plan(request, client), client)
+        return {"repo_id": "lab/tiny", "dest": dest, "token_file": token, "verify": True}
+
+    def extra_patches(self):
+        return [(_model_fetch, "HubClient", StandInHubClient)]
+
+    def special(self, data, root, args):
+        case = data.draw(st.sampled_from(["gated", "space", "revision", "repo"]), label="hub case")
+        if case == "gated":
+            args.pop("token_file")
+            return dict(args, repo_id="lab/gated", dest=os.path.join(root, "new")), ["token_file"], False
+        if case == "space":
+            _write(os.path.join(root, "hub/tiny/extra.safetensors"), b"\0" * 4096)
+            free = data.draw(st.sampled_from([0, 1, 4095]), label="free")
+            _model_fetch.free_bytes = lambda _path, free=free: free
+            return args, ["dest"], False
+        if case == "revision":
+            return dict(args, revision=data.draw(st.sampled_from(["v1", "0" * 40, "dev/x"]))), ["revision"], False
+        return dict(args, repo_id="lab/unknown"), ["repo_id"], False
+
+    def post_check(self, args, result, root):
+        if "hf_harnessToken123" in json.dumps(result, default=str):
+            return "token in the result"
+        dest = args.get("dest")
+        if not (result.get("download") or {}).get("done") or not isinstance(dest, str):
+            return None
+        manifest = h._read(os.path.join(dest, _model_fetch.MANIFEST))
+        return None if manifest is None or '"commit"' in manifest else "damaged manifest written"
+
+
+REAL_FREE_BYTES = _model_fetch.free_bytes
+
+TARGETS = [
+    Sysctl(),
+    NodeFacts(),
+    Readahead(),
+    Guard(),
+    Flags(),
+    Diagnose(),
+    NodeFiles(),
+    EngineFacts(),
+    ModelFetch(),
+]
 
 
 def _read(path):
@@ -807,6 +888,7 @@ def test_bad_inputs(target):
             names = names or [""]
             with h.patched(runner, target.extra_patches()):
                 outcome = h.drive(target.name, target.module, args, root, names, nonsense, check_mode)
+            _model_fetch.free_bytes = REAL_FREE_BYTES
             if outcome == "refused" and names == [""]:
                 pass
             if outcome == "ok":
