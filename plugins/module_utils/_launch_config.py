@@ -249,7 +249,7 @@ def guard_config(config: Dict[str, Any]) -> Any:
         )
     for key, fix in (("guard_interval", "0.1"), ("guard_threshold_mib", "16"), ("guard_max_duration", "1800")):
         # a JSON number (the guard's command line also takes decimal text; a config file does not)
-        _checks.number(key, config.get(key), 0, float("inf"), "Give e.g. %s." % fix, above=True)
+        _checks.number(key, config.get(key), -math.inf, math.inf, "Give e.g. %s." % fix)  # the range: the guard's
     guard = _guard_config.GuardConfig(
         name="launch-%s" % config.get("engine"),
         mode=mode,

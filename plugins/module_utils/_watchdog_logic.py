@@ -168,10 +168,10 @@ def _check_ranks(cfg: _D) -> None:
         names.add(peer["name"])
     if peers and cfg["rank"] != 0:
         raise UmaError("peers", peers, "is only for rank 0", "Give peers on rank 0 and leader_url on the others.")
-    if cfg["rank"] != 0:
+    if cfg["rank"] != 0 or cfg["leader_url"] is not None:  # rank 0 follows no one: a leader_url there is a mistake
         url = cfg["leader_url"]
-        if not isinstance(url, str) or not url.startswith("http://"):
-            raise UmaError("leader_url", url, "is needed on a rank > 0",
+        if not isinstance(url, str) or not url.startswith("http://") or cfg["rank"] == 0 or " " in url:
+            raise UmaError("leader_url", url, "is needed on a rank > 0 (and only there)",
                            "Give rank 0's watchdog URL, e.g. http://ai1:9411/status.")  # fmt: skip
         if cfg["status_port"] == 0:
             raise UmaError("status_port", 0, "must be set on a rank > 0 (rank 0 reads it)",

@@ -131,17 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", choices=_guard_config.MODES, default=_guard_config.DEFAULT_MODE, help="default: %(default)s"
     )
     p.add_argument("--paths", nargs="+", default=[], metavar="PATH", help="files or directories (recursive)")
-    p.add_argument(
-        "--interval", type=float, default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1"
-    )
-    p.add_argument("--threshold-mib", type=int, default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
-    p.add_argument("--min-available-mib", type=int, default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
-    p.add_argument(
-        "--drop-level", type=int, choices=_guard_config.DROP_LEVELS, default=_guard_config.DEFAULT_DROP_LEVEL
-    )
-    p.add_argument("--max-duration", type=float, default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
+    # numbers stay text here: the validator parses them (ASCII digits only; argparse's int() and
+    # float() take any Unicode digit, so U+FF11, a fullwidth 1, was a silent 1)
+    p.add_argument("--interval", default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1")
+    p.add_argument("--threshold-mib", default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
+    p.add_argument("--min-available-mib", default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
+    p.add_argument("--drop-level", default=_guard_config.DEFAULT_DROP_LEVEL, metavar="{1,3}")
+    p.add_argument("--max-duration", default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
     p.add_argument("--until-url", metavar="URL")
-    p.add_argument("--until-pid", type=int, metavar="PID")
+    p.add_argument("--until-pid", metavar="PID")
     p.add_argument("--status-file", metavar="PATH")
     p.add_argument("--samples-file", metavar="PATH")
     p.add_argument("--proc-root", default="/proc", metavar="DIR")

@@ -111,6 +111,13 @@ def test_missing_keys_are_refused():
         lw.engine_config(engine)
 
 
+@pytest.mark.parametrize("env", [{"A": True}, {"A": None}, {"A": [1]}, {"A-B": "1"}, {"A": "x\x00"}, "A=1"])
+def test_env_the_launcher_refuses_is_refused_here(env):
+    """A value the node's launcher refuses (exit 78 at the engine's start) is refused before a file changes."""
+    with pytest.raises(AnsibleFilterError, match=r"launch_wrapper_engines\[e1\]\.env"):
+        lw.engine_config(dict(BASE, env=env))
+
+
 def test_the_default_managed_text_is_the_roles():
     """vllm_service writes engine configs without passing the text; it must be launch_wrapper's own."""
     root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
