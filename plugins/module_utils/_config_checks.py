@@ -146,7 +146,8 @@ def read_config(file_path: str, option: str, fix: str) -> Dict[str, Any]:
 
     Refused: missing, unreadable, a directory or anything but a regular file (a FIFO would
     hang the reader), a symlink loop, larger than MAX_CONFIG_BYTES, empty, not UTF-8, not
-    JSON (NaN and Infinity included), nested too deep, or not a JSON object.
+    JSON (NaN, Infinity and numbers like 1e400 that overflow to it included, anywhere in the
+    file: the launch plan's numbers too), nested too deep, or not a JSON object.
     """
     check_path(option, file_path, False, fix)
     try:
@@ -173,7 +174,7 @@ def read_config(file_path: str, option: str, fix: str) -> Dict[str, Any]:
     if not body.strip():
         raise UmaError(option, file_path, "is empty", fix)
     try:
-        raw = json.loads(body, parse_constant=_no_constant)
+        raw = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
         raise UmaError(option, file_path, "is nested too deep to be a configuration", fix) from None
     except ValueError as err:
@@ -185,3 +186,11 @@ def read_config(file_path: str, option: str, fix: str) -> Dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError("%s is not a JSON number" % name)
+
+
+def _finite(text: str) -> float:
+    """A JSON number that overflows a float (1e400 would be Infinity): refused, anywhere in the file."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError("%s is too large for a number" % text[:40])
+    return number

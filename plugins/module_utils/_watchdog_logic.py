@@ -161,7 +161,7 @@ def _check_ranks(cfg: _D) -> None:
     names = set()
     for peer in peers:
         if not isinstance(peer, dict) or not isinstance(peer.get("name"), str) or not isinstance(
-                peer.get("url"), str) or not peer["url"].startswith("http://"):  # fmt: skip
+                peer.get("url"), str) or not peer["url"].startswith("http://") or " " in peer["url"]:  # fmt: skip
             raise UmaError("peers", peer, "is not {name, url} with an http:// URL", "Give each peer's watchdog URL.")
         if peer["name"] in names:
             raise UmaError("peers", peer, "names a peer twice", "Give each peer once.")

@@ -118,6 +118,17 @@ def test_a_refusal_names_the_file_that_set_the_value(tmp_path):
     assert err.value.option == "lock_timeout_s" and "(set in %s)" % node in err.value.message
 
 
+def test_a_number_that_overflows_is_refused_anywhere_in_the_file(tmp_path):
+    """1e400 parses as Infinity: in the plan (which the validator does not walk) the admission's
+    int(requested_memory_bytes) raised OverflowError at the engine's start, a traceback."""
+    engine = tmp_path / "engine.json"
+    engine.write_text('{"engine": "e", "command": ["true"], "health_url": "http://x/h", '
+                      '"plan": {"requested_memory_bytes": 1e400}}')  # fmt: skip
+    with pytest.raises(UmaError) as err:
+        _launch_config.load_config(["--config", str(engine), "--node-config", str(tmp_path / "none.json")])
+    assert err.value.option == "--config" and "1e400 is too large" in err.value.message
+
+
 @pytest.mark.parametrize("program", ["uma_launch.py", "uma_watchdog.py"])
 def test_a_fifo_as_config_is_refused_not_waited_on(tmp_path, program):
     """open() + read() of a FIFO blocks until a writer comes: the program hung at start."""
@@ -165,6 +176,7 @@ def test_watchdog_durations_are_bounded(key, value):
         ({"systemctl": "systemctl --force"}, "systemctl"),
         ({"leader_url": "http://x/status"}, "leader_url"),  # on rank 0: ignored without a word
         ({"base_url": "http://a b"}, "base_url"),
+        ({"peers": [{"name": "ai2", "url": "http://a b/status"}], "status_port": 9411}, "peers"),
     ],
 )
 def test_watchdog_exact_types_and_paths(over, key):
