@@ -199,6 +199,8 @@ def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if user is not None and not isinstance(user, str):
         # false or 0 is not "root": a type the role never writes is a damaged file
         raise UmaError("engine_user", user, "is not a user name", "Give a user name of this node, or null for root.")
+    if not isinstance(config.get("engine_groups") or [], list):  # checked with or without a user: never ignored
+        raise UmaError("engine_groups", config.get("engine_groups"), "is not a list of group names", "Give e.g. [].")
     if user in (None, "", "root"):
         for key in ("engine_group", "engine_home"):
             if config.get(key) not in (None, ""):

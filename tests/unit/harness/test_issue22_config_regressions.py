@@ -91,6 +91,7 @@ def test_launcher_durations_are_finite_and_bounded(key, value):
         ({"guard_interval": "0.5"}, "guard_interval"),  # a string from a file: not a number
         ({"health_url": "http://a b/health"}, "health_url"),
         ({"plan": "big"}, "plan"),
+        ({"engine_groups": "video"}, "engine_groups"),  # ignored without a word when the engine ran as root
     ],
 )
 def test_launcher_exact_types(over, key):
