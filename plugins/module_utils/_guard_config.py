@@ -20,15 +20,16 @@ alone; what depends on the node at the time of the call (does the PID run, is
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import urlparse
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, require_int
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks as _checks  # type: ignore[no-redef]
     from _common import UmaError, require_int  # type: ignore[no-redef]
 
 MODES = ("global", "files", "adaptive")
@@ -54,6 +55,8 @@ DEFAULT_DROP_LEVEL = 1
 DEFAULT_MAX_DURATION = 900.0
 MAX_DURATION = 86400.0
 MAX_PID = 4194304  # kernel.pid_max's ceiling
+_EXAMPLES = {"status_file": "/run/uma-vllm/guard.json", "samples_file": "/run/uma-vllm/samples.jsonl",
+             "proc_root": "/proc", "sysfs_root": "/sys"}  # fmt: skip
 
 
 def plain(key: str) -> str:
@@ -126,12 +129,10 @@ class GuardConfig:
         if self.until_pid is not None and self.until_pid != "":
             pid = require_int(spell("until_pid"), self.until_pid, 1, MAX_PID, "Give the loader's positive process id.")
         files = {}
-        for key in ("status_file", "samples_file"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value or "\x00" in value):
-                raise UmaError(spell(key), value, "is not a path", "Give e.g. /run/uma-vllm/guard.json.")
-            if value is not None and absolute_paths and not os.path.isabs(value):
-                raise UmaError(spell(key), value, "is not an absolute path", "Give e.g. /run/uma-vllm/guard.json.")
+        for key in ("status_file", "samples_file", "proc_root", "sysfs_root"):
+            # no NUL or line break (a status file named across two lines), absolute for a module
+            value = _checks.path(spell(key), getattr(self, key), "Give e.g. %s." % _EXAMPLES[key], absolute_paths,
+                                 optional=key.endswith("_file"))  # fmt: skip
             files[key] = os.path.abspath(value) if value else None
         return replace(
             self,
@@ -209,18 +210,8 @@ def _space(text: str) -> bool:
 
 
 def _seconds(option: str, value: Any, maximum: float, fix: str) -> float:
-    """A number of seconds in (0, maximum]: ints, floats and decimal strings; no bool, no NaN."""
-    if isinstance(value, bool):
-        raise UmaError(option, value, "is a boolean, not a number", fix)
-    if isinstance(value, str) and not value.isascii():
-        raise UmaError(option, value, "is not a number (digits 0-9 only)", fix)
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UmaError(option, value, "is not a number", fix) from None
-    if math.isnan(number) or not 0 < number <= maximum:
-        raise UmaError(option, value, "must be > 0 and <= %g" % maximum, fix)
-    return number
+    """A number of seconds in (0, maximum]: ints, floats and decimal strings (the command line); no bool, no NaN."""
+    return float(_checks.number(option, value, 0, maximum, fix, above=True, strings=True))
 
 
 def _paths(paths: Any, mode: str, spell: Callable[[str], str], absolute: bool) -> List[str]:

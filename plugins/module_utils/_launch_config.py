@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import grp
+import math
 import os
 import pwd
 import re
@@ -20,13 +21,15 @@ import sys
 from typing import Any, Dict, List, Optional
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
     from ansible_collections.uma.vllm.plugins.module_utils import _guard_config, _paths, _ranks
-    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, read_json
+    from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks as _checks  # type: ignore[no-redef]
     import _guard_config  # type: ignore[no-redef]
     import _paths  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
-    from _common import UmaError, read_json  # type: ignore[no-redef]
+    from _common import UmaError  # type: ignore[no-redef]
 
 PROG = "vllm-uma-launch"
 NODE_CONFIG = _paths.CONFIG_DIR + "/launch.json"
@@ -90,56 +93,87 @@ def merge_config(*layers: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return config
 
 
+_SECONDS_FIX = "Give e.g. %s (seconds)."
+# (key, minimum, maximum, above): durations of the launch, finite and bounded (a week at most)
+_DURATIONS = (
+    ("lock_timeout_s", 0, _checks.WEEK_S, True),
+    ("health_timeout_s", 0, _checks.WEEK_S, True),
+    ("health_interval_s", 0.01, 3600, False),
+    ("stop_timeout_s", 0, 86400, True),
+    ("admission_wait_s", 0, 86400, False),
+)
+_BOOLEANS = ("evict_after_healthy", "guard", "watch_ranks", "admission")
+_PATHS = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root")
+READAHEAD_MAX_KB = 4294967295  # the kernel's ceiling for read_ahead_kb (_blockdev.KERNEL_MAX_KB)
+MAX_REQUEST_BYTES = 1 << 50  # 1 PiB: far above any node's memory, far below a float's precision
+
+
 def validate(config: Dict[str, Any]) -> Dict[str, Any]:
-    """Refuse a configuration that cannot work, naming the option and the fix."""
+    """Refuse a configuration that cannot work, naming the option and the fix.
+
+    Every key has an exact type (a JSON boolean is not the string "false"), every number is
+    finite and in a named range, every path absolute without NUL or line break.
+    """
     engine = config.get("engine")
     if not isinstance(engine, str) or not _NAME_RE.match(engine):
         raise UmaError("engine", engine, "is not a valid engine name", "Use letters, digits, '.', '_', '-' or '@'.")
-    command = config.get("command")
-    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
-        raise UmaError("command", command, "is not a non-empty list of strings", "Give the engine's argv after --.")
-    url = config.get("health_url")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise UmaError("health_url", url, "is not an http(s) URL", "Use e.g. http://127.0.0.1:8000/health.")
-    if config["pre_evict"] not in ("files", "drop", "none"):
+    _check_command(config)
+    _checks.url("health_url", config.get("health_url"), "Use e.g. http://127.0.0.1:8000/health.")
+    if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
         raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
-    model = config.get("model_path")
+    for key in _PATHS:
+        config[key] = _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
+    model = _checks.path("model_path", config.get("model_path"), "Give the local model directory.", optional=True)
     if model is not None and not os.path.exists(model):
         raise UmaError("model_path", model, "does not exist on this node", "Give the local model directory.")
     if model is None and config["pre_evict"] == "files":
         # nothing to evict by file before the load (the default pre_evict): no pre-load eviction
         config["pre_evict"] = "none"
+    for key in _BOOLEANS:
+        _checks.boolean(key, config.get(key), "Give true or false (a JSON boolean, not a string).")
     guard_config(config)
-    for key in ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s"):
-        value = config.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise UmaError(key, value, "must be a positive number of seconds", "Give e.g. 600.")
+    for key, low, high, above in _DURATIONS:
+        config[key] = _checks.seconds(key, config.get(key), high, _SECONDS_FIX % DEFAULTS[key], low, above)
     ra = config.get("readahead_kb")
-    if ra is not None and (isinstance(ra, bool) or not isinstance(ra, int) or ra < 0):
-        raise UmaError("readahead_kb", ra, "must be a whole number of kB >= 0", "Give e.g. 8, or null for no window.")
+    if ra is not None:
+        config["readahead_kb"] = _checks.number(
+            "readahead_kb", ra, 0, READAHEAD_MAX_KB, "Give e.g. 8, or null for no window.", integer=True
+        )
     if ra is not None and model is None:
         raise UmaError(
             "readahead_kb", ra, "needs model_path to find the device", "Give model_path or drop readahead_kb."
         )
-    wait = config.get("admission_wait_s")
-    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
-        raise UmaError("admission_wait_s", wait, "must be a number of seconds >= 0", "Give e.g. 60, or 0 not to wait.")
     need = config.get("admission_request_bytes")
-    if need is not None and (isinstance(need, bool) or not isinstance(need, int) or need <= 0):
-        raise UmaError(
-            "admission_request_bytes", need, "must be a whole number of bytes > 0", "Give e.g. 34359738368, or null."
-        )
-    if not isinstance(config.get("admission"), bool):
-        raise UmaError("admission", config.get("admission"), "is not a boolean", "Give true or false.")
-    if not isinstance(config.get("env"), dict):
-        raise UmaError("env", config.get("env"), "is not a mapping", "Give a dict of variable names to values.")
+    if need is not None:
+        _checks.number("admission_request_bytes", need, 0, MAX_REQUEST_BYTES, "Give e.g. 34359738368, or null.",
+                       integer=True, above=True)  # fmt: skip
+    _check_env(config.get("env"))
+    plan = config.get("plan")
+    if plan is not None and not isinstance(plan, dict):
+        raise UmaError("plan", plan, "is not a mapping", "Give the plan of uma.vllm.vllm_flags, or null.")
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
     config["_identity"] = engine_identity(config)
-    if not isinstance(config.get("watch_ranks"), bool):
-        raise UmaError(
-            "watch_ranks", config.get("watch_ranks"), "is not true or false", "Give true (default) or false."
-        )
     return config
+
+
+def _check_command(config: Dict[str, Any]) -> None:
+    command = config.get("command")
+    if not isinstance(command, list) or not command or not all(isinstance(c, str) for c in command):
+        raise UmaError("command", command, "is not a non-empty list of strings", "Give the engine's argv after --.")
+    if not command[0] or any("\x00" in c for c in command):
+        raise UmaError("command", command, "has an empty program or a NUL character", "Give the engine's argv.")
+
+
+def _check_env(env: Any) -> None:
+    if not isinstance(env, dict):
+        raise UmaError("env", env, "is not a mapping", "Give a dict of variable names to values.")
+    for key, value in env.items():
+        if not _checks.ENV_NAME_RE.match(key):
+            raise UmaError("env", key, "is not an environment variable name", "Use letters, digits and '_'.")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UmaError("env.%s" % key, value, "is not a finite number", "Give the value as a string.")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or "\x00" in str(value):
+            raise UmaError("env.%s" % key, value, "is not a string or a number", "Give the value as a string.")
 
 
 def _group_id(option: str, value: Any) -> int:
@@ -162,7 +196,12 @@ def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     runs as ``engine_user`` when one is set (uma.vllm.vllm_service: vllm_service_user).
     """
     user = config.get("engine_user")
-    if user in (None, "", "root", 0):
+    if user is not None and not isinstance(user, str):
+        # false or 0 is not "root": a type the role never writes is a damaged file
+        raise UmaError("engine_user", user, "is not a user name", "Give a user name of this node, or null for root.")
+    if not isinstance(config.get("engine_groups") or [], list):  # checked with or without a user: never ignored
+        raise UmaError("engine_groups", config.get("engine_groups"), "is not a list of group names", "Give e.g. [].")
+    if user in (None, "", "root"):
         for key in ("engine_group", "engine_home"):
             if config.get(key) not in (None, ""):
                 raise UmaError(key, config.get(key), "is set without engine_user", "Set engine_user, or drop %s." % key)
@@ -184,11 +223,9 @@ def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if not isinstance(groups, list):
         raise UmaError("engine_groups", groups, "is not a list of group names", "Give e.g. [video, render] or [].")
     gids = sorted({_group_id("engine_groups", g) for g in groups})
-    home = config.get("engine_home") or entry.pw_dir
-    if not isinstance(home, str) or not home.startswith("/") or "\n" in home:
-        raise UmaError(
-            "engine_home", home, "is not an absolute path", "Give the engine user's home, e.g. /var/lib/uma-vllm/home."
-        )
+    home = config.get("engine_home")
+    home = entry.pw_dir if home in (None, "") else home
+    home = _checks.path("engine_home", home, "Give the engine user's home, e.g. /var/lib/uma-vllm/home.")
     umask = config.get("engine_umask")
     if isinstance(umask, str) and re.match(r"^0?[0-7]{3}$", umask):
         umask = int(umask, 8)
@@ -212,6 +249,9 @@ def guard_config(config: Dict[str, Any]) -> Any:
             "evicts the model's files but model_path is not set",
             "Give model_path, or guard_mode adaptive (it then drops the page cache globally, as root).",
         )
+    for key, fix in (("guard_interval", "0.1"), ("guard_threshold_mib", "16"), ("guard_max_duration", "1800")):
+        # a JSON number (the guard's command line also takes decimal text; a config file does not)
+        _checks.number(key, config.get(key), -math.inf, math.inf, "Give e.g. %s." % fix)  # the range: the guard's
     guard = _guard_config.GuardConfig(
         name="launch-%s" % config.get("engine"),
         mode=mode,
@@ -241,21 +281,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir")
     p.add_argument("--admission-request-bytes", type=int, help="MemAvailable the start needs (default: the plan's)")
     p.add_argument("--admission-wait", type=float, dest="admission_wait_s", help="seconds to wait for it")
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the command line and both config files, say the result in one line and exit (0 or 78)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV (when not in --config)")
     return p
 
 
+NODE_FIX = "Fix or remove the file (the launch_wrapper role writes it; re-run it)."
+ENGINE_FIX = "Give the engine's JSON config (the launch_wrapper or vllm_service role writes it; re-run it)."
+KNOWN_KEYS = (*DEFAULTS, "_comment")
+
+
+def _read_layer(file_path: str, option: str, fix: str) -> Dict[str, Any]:
+    """One config file: a JSON object of known keys (``_comment``, the role's managed note, dropped)."""
+    raw = _checks.read_config(file_path, option, fix)
+    try:
+        _checks.known_keys(raw, KNOWN_KEYS, "a launcher")
+    except UmaError as err:
+        raise sourced(err, file_path) from None
+    raw.pop("_comment", None)
+    return raw
+
+
+def sourced(err: UmaError, source: Optional[str]) -> UmaError:
+    """The same refusal, saying which file (or the command line) set the value."""
+    if not source:
+        return err
+    return UmaError(err.option, err.value, "%s (set in %s)" % (err.problem, source), err.fix)
+
+
+def _source_of(option: str, layers: List[Any]) -> Optional[str]:
+    key = re.split(r"[.\[]", option, maxsplit=1)[0]
+    found = None
+    for source, layer in layers:
+        if layer.get(key) is not None:
+            found = source
+    return found
+
+
 def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    """The command line, the node's file and the engine's file, merged and validated.
+
+    The node config is optional (a node without the launch_wrapper role's launch.json
+    runs on the launcher's defaults), but one that exists is read strictly: empty,
+    damaged, of another type or with an unknown key, it is refused (exit 78), never
+    replaced by the defaults. The engine's ``--config`` must exist.
+    """
     ns = build_parser().parse_args(argv)
     command = list(ns.command)
     if command and command[0] == "--":
         command = command[1:]
-    node = read_json(ns.node_config) if ns.node_config and os.path.exists(ns.node_config) else None
-    engine_file = None
-    if ns.config:
-        engine_file = read_json(ns.config)
-        if not isinstance(engine_file, dict):
-            raise UmaError("--config", ns.config, "is missing or not a JSON object", "Give the engine's config file.")
+    layers: List[Any] = []
+    if ns.node_config and os.path.lexists(ns.node_config):
+        layers.append((ns.node_config, _read_layer(ns.node_config, "--node-config", NODE_FIX)))
+    if ns.config is not None:
+        layers.append((ns.config, _read_layer(ns.config, "--config", ENGINE_FIX)))
     cli = {
         "engine": ns.engine,
         "health_url": ns.health_url,
@@ -270,4 +353,19 @@ def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         "admission_wait_s": ns.admission_wait_s,
         "command": command or None,
     }
-    return validate(merge_config(node if isinstance(node, dict) else None, engine_file, cli))
+    layers.append(("the command line", cli))
+    try:
+        config = validate(merge_config(*(layer for _source, layer in layers)))
+    except UmaError as err:
+        raise sourced(err, _source_of(err.option, layers)) from None
+    config["_sources"] = [source for source, _layer in layers[:-1]]
+    if ns.check_config:  # like --help: say it and leave
+        raise SystemExit(report_valid(config))
+    return config
+
+
+def report_valid(config: Dict[str, Any]) -> int:
+    """--check-config: one line on stdout, exit 0 (a refusal has left with 78 before)."""
+    sources = ", ".join(config.get("_sources") or []) or "the command line only; no launch.json"
+    sys.stdout.write("%s: the configuration of engine %s is valid (%s)\n" % (PROG, config["engine"], sources))
+    return 0

@@ -58,12 +58,33 @@ def _user(engine: Dict[str, Any]) -> Dict[str, Any]:
     }
 
 
+def _check_env(name: str, env: Any) -> None:
+    """What the launcher takes (_launch_config): names of letters, digits and '_'; strings or numbers.
+
+    Refused here, before a file changes on a node, instead of by the launcher at the engine's start.
+    """
+    if not isinstance(env, dict):
+        raise EngineConfigError("launch_wrapper_engines[%s].env = %r is not a mapping. Give NAME: value." % (name, env))
+    for key, value in env.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise EngineConfigError(
+                "launch_wrapper_engines[%s].env: %r is not an environment variable name. Use letters, digits and "
+                "'_', not starting with a digit." % (name, key)
+            )
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or "\x00" in str(value):
+            raise EngineConfigError(
+                "launch_wrapper_engines[%s].env.%s = %r is not a string or a number. Quote it, e.g. '1' or 'true'."
+                % (name, key, value)
+            )
+
+
 def engine_config(engine: Dict[str, Any], managed: Optional[str] = None) -> Dict[str, Any]:
     """The launcher config of one engine mapping (name, command, model_path, port, ...)."""
     name = check_name(engine)
     for key in ("command", "model_path", "port"):
         if key not in engine:
             raise EngineConfigError("launch_wrapper_engines[%s] has no '%s'. Give the engine's %s." % (name, key, key))
+    _check_env(name, engine.get("env", {}))
     config: Dict[str, Any] = {
         "_comment": MANAGED if managed is None else managed,
         "engine": name,

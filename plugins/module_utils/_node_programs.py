@@ -20,6 +20,7 @@ from __future__ import annotations
 from ansible_collections.uma.vllm.plugins.module_utils import (
     _blockdev,
     _common,
+    _config_checks,
     _guard_config,
     _guard_memory,
     _guard_residency,
@@ -49,6 +50,7 @@ NODE_PROGRAMS = (
     _blockdev,
     uma_guard,
     _guard_config,
+    _config_checks,
     _guard_memory,
     _guard_residency,
     _guard_status,

@@ -29,12 +29,14 @@ import re
 from typing import Any, Dict, List, Optional, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-    from ansible_collections.uma.vllm.plugins.module_utils._paths import STATE_DIR
+    from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN, STATE_DIR
     from ansible_collections.uma.vllm.plugins.module_utils._sysctl import size_min_free_kbytes
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks as _checks  # type: ignore[no-redef]
     from _common import UmaError  # type: ignore[no-redef]
-    from _paths import STATE_DIR  # type: ignore[no-redef]
+    from _paths import ENGINE_NAME_PATTERN, STATE_DIR  # type: ignore[no-redef]
     from _sysctl import size_min_free_kbytes  # type: ignore[no-redef]
 
 _D = Dict[str, Any]  # short names for the signatures of validate()'s checks and decide()'s steps
@@ -115,15 +117,13 @@ _POSITIVE = ("interval_s", "health_timeout_s", "probe_timeout_s", "busy_stall_s"
 
 
 def _number(key: str, value: Any, fix: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value <= 0:
-        raise UmaError(key, value, "must be a positive number of seconds", fix)
-    return float(value)
+    return _checks.seconds(key, value, _checks.WEEK_S, fix)  # finite, > 0, at most a week
 
 
 def _check_names(cfg: _D) -> None:
     """engine (and the unit named after it) and rank."""
     engine = cfg["engine"]
-    if not isinstance(engine, str) or not engine or not all(c.isalnum() or c in "._-" for c in engine):
+    if not isinstance(engine, str) or not re.fullmatch(ENGINE_NAME_PATTERN, engine):
         raise UmaError("engine", engine, "is not an engine name", "Give the engine's name, e.g. 'main'.")
     if cfg["unit"] is None:
         cfg["unit"] = "uma-vllm@%s.service" % engine
@@ -136,25 +136,18 @@ def _check_numbers(cfg: _D) -> None:
     """Durations, whole numbers, the port and the bounds between them."""
     for key in _POSITIVE:
         cfg[key] = _number(key, cfg[key], "Give e.g. %s." % DEFAULTS[key])
-    grace = cfg["rank_link_grace_s"]
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or math.isnan(grace) or grace < 0:
-        raise UmaError("rank_link_grace_s", grace, "must be a number of seconds >= 0", "Give e.g. 30 (0 = no grace).")
-    cfg["rank_link_grace_s"] = float(grace)
-    for key, minimum in (("fail_threshold", 1), ("max_restarts", 1), ("floor_samples", 1), ("status_port", 0)):
-        value = cfg[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise UmaError(key, value, "must be a whole number >= %d" % minimum, "Give e.g. %s." % DEFAULTS[key])
-    if cfg["status_port"] > 65535:
-        raise UmaError("status_port", cfg["status_port"], "is not a TCP port", "Give 1-65535, or 0 for none.")
+    cfg["rank_link_grace_s"] = _checks.seconds("rank_link_grace_s", cfg["rank_link_grace_s"], _checks.WEEK_S,
+                                               "Give e.g. 30 (0 = no grace).", above=False)  # fmt: skip
+    for key, low, high in (("fail_threshold", 1, 1000), ("max_restarts", 1, 1000), ("floor_samples", 1, 1000),
+                           ("status_port", 0, 65535)):  # fmt: skip
+        cfg[key] = _checks.number(key, cfg[key], low, high, "Give e.g. %s." % DEFAULTS[key], integer=True)
     if cfg["backoff_max_s"] < cfg["backoff_initial_s"]:
         raise UmaError("backoff_max_s", cfg["backoff_max_s"], "is below backoff_initial_s",
                        "Give a cap >= backoff_initial_s.")  # fmt: skip
     if cfg["probe_timeout_s"] >= cfg["busy_stall_s"]:
         raise UmaError("busy_stall_s", cfg["busy_stall_s"], "must exceed probe_timeout_s",
                        "Give a stall bound of minutes.")  # fmt: skip
-    if not isinstance(cfg["base_url"], str) or not cfg["base_url"].startswith(("http://", "https://")):
-        raise UmaError("base_url", cfg["base_url"], "is not an http(s) URL", "Give e.g. http://127.0.0.1:8000.")
-    cfg["base_url"] = cfg["base_url"].rstrip("/")
+    cfg["base_url"] = _checks.url("base_url", cfg["base_url"], "Give e.g. http://127.0.0.1:8000.").rstrip("/")
     if cfg["evict_scope"] not in ("model", "global"):
         raise UmaError("evict_scope", cfg["evict_scope"], "is not model or global",
                        "Use model (only the engine's shards).")  # fmt: skip
@@ -168,17 +161,17 @@ def _check_ranks(cfg: _D) -> None:
     names = set()
     for peer in peers:
         if not isinstance(peer, dict) or not isinstance(peer.get("name"), str) or not isinstance(
-                peer.get("url"), str) or not peer["url"].startswith("http://"):  # fmt: skip
+                peer.get("url"), str) or not peer["url"].startswith("http://") or " " in peer["url"]:  # fmt: skip
             raise UmaError("peers", peer, "is not {name, url} with an http:// URL", "Give each peer's watchdog URL.")
         if peer["name"] in names:
             raise UmaError("peers", peer, "names a peer twice", "Give each peer once.")
         names.add(peer["name"])
     if peers and cfg["rank"] != 0:
         raise UmaError("peers", peers, "is only for rank 0", "Give peers on rank 0 and leader_url on the others.")
-    if cfg["rank"] != 0:
+    if cfg["rank"] != 0 or cfg["leader_url"] is not None:  # rank 0 follows no one: a leader_url there is a mistake
         url = cfg["leader_url"]
-        if not isinstance(url, str) or not url.startswith("http://"):
-            raise UmaError("leader_url", url, "is needed on a rank > 0",
+        if not isinstance(url, str) or not url.startswith("http://") or cfg["rank"] == 0 or " " in url:
+            raise UmaError("leader_url", url, "is needed on a rank > 0 (and only there)",
                            "Give rank 0's watchdog URL, e.g. http://ai1:9411/status.")  # fmt: skip
         if cfg["status_port"] == 0:
             raise UmaError("status_port", 0, "must be set on a rank > 0 (rank 0 reads it)",
@@ -203,8 +196,8 @@ def _check_rest(cfg: _D) -> None:
                            "Fix the pattern.") from None  # fmt: skip
     for key in ("warn_floor_mib", "critical_floor_mib", "ram_gib"):
         value = cfg[key]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-            raise UmaError(key, value, "must be a positive number or null", "Give e.g. 4096, or null to size it.")
+        if value is not None:  # finite, at most 2^30 (MiB: 1 PiB)
+            _checks.number(key, value, 0, 1 << 30, "Give e.g. 4096, or null to size it.", above=True)
     container = cfg["container"]
     if container is not None and (
         not isinstance(container, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", container)
@@ -212,8 +205,19 @@ def _check_rest(cfg: _D) -> None:
         raise UmaError("container", container, "is not a container name", "Give the engine's container name.")
     if cfg["meminfo_root"] is None:
         cfg["meminfo_root"] = cfg["proc_root"]
-    if not isinstance(cfg["unified_memory"], bool):
-        raise UmaError("unified_memory", cfg["unified_memory"], "is not a boolean", "Give true or false.")
+    _checks.boolean("unified_memory", cfg["unified_memory"])
+    for key in ("state_dir", "proc_root", "cgroup_root", "meminfo_root", "textfile_dir", "model_path"):
+        example = ", e.g. %s" % DEFAULTS[key] if DEFAULTS[key] else " or null"
+        _checks.path(key, cfg[key], "Give an absolute path%s." % example, optional=True)
+    for key, form in (
+        ("unit", r"[A-Za-z0-9:_.@\\-]+\.service"),
+        ("systemctl", r"\S+"),
+        ("container_bin", r"\S+"),
+        ("api_key_env", _checks.ENV_NAME_RE.pattern),
+        ("status_bind", r"\S+"),
+        ("model", None),
+    ):
+        _checks.text(key, cfg[key], "Give e.g. %s." % (DEFAULTS[key] or "none"), form, optional=key == "model")
 
 
 def validate(raw: Any, source: str = "config") -> Dict[str, Any]:

@@ -52,7 +52,8 @@ The names other programs use (``evict_paths``, ``iter_files``, ``file_residency`
 ``proc_start_time``, ``Stopper``) stay importable from ``uma_guard``. The files are importable
 (the pure parts are unit-tested) and runnable as ``python3 uma_guard.py ...``
 on a node without Ansible (stdlib; psutil is used when present). Exit codes:
-0 normal stop, 1 error stop, 2 bad arguments.
+0 normal stop, 1 error stop, 2 bad arguments (one line naming the option, the value and
+the fix; ``--check-config`` validates the options and exits 0 or 2).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import (
+        _config_checks,
         _guard_config,
         _guard_memory,
         _guard_residency,
@@ -83,6 +85,7 @@ try:
     )
     from ansible_collections.uma.vllm.plugins.module_utils._guard_watch import proc_start_time
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks  # type: ignore[no-redef]
     import _guard_config  # type: ignore[no-redef]
     import _guard_memory  # type: ignore[no-redef]
     import _guard_residency  # type: ignore[no-redef]
@@ -97,7 +100,7 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
 __all__ = ["Stopper", "evict_paths", "file_residency", "iter_files", "main", "parse_config", "proc_start_time", "run"]
 
 # The guard's own files beside this one (installed with it on the node, with _common).
-PARTS = (_guard_config, _guard_memory, _guard_residency, _guard_status, _guard_sweeper, _guard_watch)
+PARTS = (_config_checks, _guard_config, _guard_memory, _guard_residency, _guard_status, _guard_sweeper, _guard_watch)
 STATUS_EVERY_S = 1.0
 PID_EVERY_S = 0.2
 # Adaptive: how long a kept readahead tail may stay before an idle sweep evicts it.
@@ -111,6 +114,12 @@ TAIL_CLEANUP_S = 1.0
 class _Parser(argparse.ArgumentParser):
     """argparse that exits 2 with a one-line message on any bad argument."""
 
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        # one line (no usage block): the option, the value, the fix (a journal shows it as one entry)
+        if not message.rstrip().endswith("."):
+            message = message.rstrip() + ". Run uma_guard.py --help for the options."
+        self.exit(2, "%s: error: %s\n" % (self.prog, " ".join(message.split("\n"))))
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
@@ -122,28 +131,31 @@ def build_parser() -> argparse.ArgumentParser:
         "--mode", choices=_guard_config.MODES, default=_guard_config.DEFAULT_MODE, help="default: %(default)s"
     )
     p.add_argument("--paths", nargs="+", default=[], metavar="PATH", help="files or directories (recursive)")
-    p.add_argument(
-        "--interval", type=float, default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1"
-    )
-    p.add_argument("--threshold-mib", type=int, default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
-    p.add_argument("--min-available-mib", type=int, default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
-    p.add_argument(
-        "--drop-level", type=int, choices=_guard_config.DROP_LEVELS, default=_guard_config.DEFAULT_DROP_LEVEL
-    )
-    p.add_argument("--max-duration", type=float, default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
+    # numbers stay text here: the validator parses them (ASCII digits only; argparse's int() and
+    # float() take any Unicode digit, so U+FF11, a fullwidth 1, was a silent 1)
+    p.add_argument("--interval", default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1")
+    p.add_argument("--threshold-mib", default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
+    p.add_argument("--min-available-mib", default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
+    p.add_argument("--drop-level", default=_guard_config.DEFAULT_DROP_LEVEL, metavar="{1,3}")
+    p.add_argument("--max-duration", default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
     p.add_argument("--until-url", metavar="URL")
-    p.add_argument("--until-pid", type=int, metavar="PID")
+    p.add_argument("--until-pid", metavar="PID")
     p.add_argument("--status-file", metavar="PATH")
     p.add_argument("--samples-file", metavar="PATH")
     p.add_argument("--proc-root", default="/proc", metavar="DIR")
     p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
+    p.add_argument("--check-config", action="store_true", help="validate the options on this node, say so, exit 0/2")
     return p
 
 
 def validate(ns: argparse.Namespace) -> Dict[str, Any]:
     """The effective configuration (GuardConfig's one validator), or UmaError naming the bad option."""
-    config = _guard_config.GuardConfig(**vars(ns))
-    return config.validated(spell=_guard_config.cli).as_dict()
+    values = dict(vars(ns))
+    check = values.pop("check_config", False)
+    config = _guard_config.GuardConfig(**values).validated(spell=_guard_config.cli)
+    if check:  # --check-config: what the node must offer too (the PID, drop_caches, the samples directory)
+        _guard_config.check_on_node(config, _guard_config.cli)
+    return dict(config.as_dict(), check_config=True) if check else config.as_dict()
 
 
 def parse_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -483,6 +495,9 @@ def _report_early_error(config: Dict[str, Any], reason: str) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     config = parse_config(argv)
+    if config.pop("check_config", False):
+        sys.stdout.write("uma_guard.py: the options of guard %s are valid on this node\n" % config["name"])
+        return 0
     stop = Stopper()
     signal.signal(signal.SIGTERM, stop.handler)
     signal.signal(signal.SIGINT, stop.handler)

@@ -621,7 +621,7 @@ class Launch:
     def run(self) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, self.on_signal)
-        self.log.step("launch", engine=self.engine_name, record=self.record_dir)
+        self.log.step("launch", engine=self.engine_name, record=self.record_dir, config=self.config.get("_sources"))
         try:
             # the ranks meet before the lock: a node's lock never waits on another node
             refused = self.meet_ranks()

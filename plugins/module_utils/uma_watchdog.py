@@ -24,7 +24,8 @@ status every tick; a peer whose rank processes are gone, whose unit is down or
 whose status is older than ``peer_timeout_s`` is a dead rank. Peers read rank
 0's status and carry out its restarts on their own unit (see docs/WATCHDOG.md).
 
-Exit codes: 0 stopped by a signal, 2 bad arguments, 78 bad configuration.
+Exit codes: 0 stopped by a signal, 2 bad arguments, 78 bad configuration (one line naming the
+file, the key and the fix; ``--check-config`` validates the config and exits 0 or 78).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
     from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
@@ -53,6 +55,7 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils._metrics import render
     from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks as _checks  # type: ignore[no-redef]
     import _watchdog_logic as logic  # type: ignore[no-redef]
     import _watchdog_probes as probes  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
@@ -479,10 +482,12 @@ def _run(argv: List[str]) -> Tuple[int, str, str]:
 
 
 def load_config(path: str) -> Dict[str, Any]:
-    raw = read_json(path)
-    if raw is None:
-        raise UmaError("--config", path, "is missing or not valid JSON", "Give the watchdog's JSON config file.")
-    return logic.validate(raw, "--config %s" % path)
+    """The config file read strictly (a regular UTF-8 JSON object) and validated; a refusal names the file."""
+    raw = _checks.read_config(path, "--config", "Give the watchdog's JSON config (the vllm_service role writes it).")
+    try:
+        return logic.validate(raw, "--config %s" % path)
+    except UmaError as err:
+        raise UmaError(err.option, err.value, "%s (set in %s)" % (err.problem, path), err.fix) from None
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -490,9 +495,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--config", required=True, help="the watchdog's JSON config")
     p.add_argument("--ticks", type=int, help="stop after N ticks (tests)")
     p.add_argument("--reset", action="store_true", help="forget a previous 'gave up' and watch afresh")
+    p.add_argument("--check-config", action="store_true", help="validate the config, say so in one line, exit 0/78")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config)
+        if args.check_config:
+            sys.stdout.write("%s: the configuration in %s is valid (engine %s)\n" % (PROG, args.config, cfg["engine"]))
+            return 0
         if args.reset:
             state_file = os.path.join(cfg["state_dir"], "watchdog", cfg["engine"], "state.json")
             if os.path.exists(state_file):

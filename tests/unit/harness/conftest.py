@@ -6,8 +6,13 @@ import harness_core
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not harness_core.COUNTS:
-        return
+    modules = sorted(name for name in harness_core.COUNTS if not name.startswith("node:"))
+    if modules:
+        _modules(terminalreporter, modules)
+    _nodes(terminalreporter)
+
+
+def _modules(terminalreporter, modules):
     terminalreporter.section("bad-input harness (fixed seed)")
     header = "%-22s %6s %6s %8s %10s %8s %8s %9s %5s" % (
         "target",
@@ -21,7 +26,7 @@ def pytest_terminal_summary(terminalreporter):
         "core",
     )
     terminalreporter.write_line(header)
-    for name in sorted(harness_core.COUNTS):
+    for name in modules:
         c = harness_core.COUNTS[name]
         terminalreporter.write_line(
             "%-22s %6d %6d %8d %10d %8d %8d %9d %5d"
@@ -37,3 +42,18 @@ def pytest_terminal_summary(terminalreporter):
                 c["core"],
             )
         )
+
+
+def _nodes(terminalreporter):
+    nodes = sorted(name for name in harness_core.COUNTS if name.startswith("node:"))
+    if nodes:
+        terminalreporter.section("node-side bad-input harness (real programs, fixed seed)")
+        keys = ("cases", "refused", "ok", "traceback", "hang", "silent", "unclear", "false_refusal")
+        terminalreporter.write_line(
+            "%-22s %6s %13s %6s %10s %5s %7s %7s %14s" % ("program", *keys[:1], "config-error", *keys[2:])
+        )
+        for name in nodes:
+            c = harness_core.COUNTS[name]
+            terminalreporter.write_line(
+                "%-22s %6d %13d %6d %10d %5d %7d %7d %14d" % (name[len("node:") :], *(c[k] for k in keys))
+            )

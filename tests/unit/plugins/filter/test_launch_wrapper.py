@@ -111,8 +111,48 @@ def test_missing_keys_are_refused():
         lw.engine_config(engine)
 
 
+@pytest.mark.parametrize("env", [{"A": True}, {"A": None}, {"A": [1]}, {"A-B": "1"}, {"A": "x\x00"}, "A=1"])
+def test_env_the_launcher_refuses_is_refused_here(env):
+    """A value the node's launcher refuses (exit 78 at the engine's start) is refused before a file changes."""
+    with pytest.raises(AnsibleFilterError, match=r"launch_wrapper_engines\[e1\]\.env"):
+        lw.engine_config(dict(BASE, env=env))
+
+
 def test_the_default_managed_text_is_the_roles():
     """vllm_service writes engine configs without passing the text; it must be launch_wrapper's own."""
     root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
     with open(os.path.join(root, "roles", "launch_wrapper", "vars", "main.yml"), encoding="utf-8") as handle:
         assert yaml.safe_load(handle)["__launch_wrapper_managed"] == MANAGED
+
+
+@pytest.mark.parametrize("user", [None, "nobody"])
+def test_what_the_role_writes_passes_the_launchers_validator(tmp_path, user):
+    """launch.json as roles/launch_wrapper renders it (vars/main.yml over defaults/main.yml) and an
+    engine's file from this filter: the node's launcher (its strict reader and validator) takes both."""
+    from jinja2.nativetypes import NativeEnvironment
+
+    from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
+
+    root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
+    with open(os.path.join(root, "roles", "launch_wrapper", "defaults", "main.yml"), encoding="utf-8") as handle:
+        context = yaml.safe_load(handle)
+    with open(os.path.join(root, "roles", "launch_wrapper", "vars", "main.yml"), encoding="utf-8") as handle:
+        role_vars = yaml.safe_load(handle)
+    env = NativeEnvironment()
+    context.update(launch_wrapper_engine_user=user, launch_wrapper_engine_groups=[],
+                   launch_wrapper_state_dir=str(tmp_path / "state"))  # fmt: skip
+    context["launch_wrapper_engine_home"] = env.from_string(context["launch_wrapper_engine_home"]).render(**context)
+    context["__launch_wrapper_managed"] = role_vars["__launch_wrapper_managed"]
+    context["__launch_wrapper_user"] = env.from_string(role_vars["__launch_wrapper_user"]).render(**context)
+    node = {k: env.from_string(v).render(**context) if isinstance(v, str) else v
+            for k, v in role_vars["__launch_wrapper_node_config"].items()}  # fmt: skip
+    assert node["engine_user"] == user and node["lock_timeout_s"] == 3600
+    (tmp_path / "model").mkdir()
+    (tmp_path / "launch.json").write_text(json.dumps(node, indent=2) + "\n")
+    engine = lw.engine_config(dict(BASE, model_path=str(tmp_path / "model"), env={"VLLM_CPU_KVCACHE_SPACE": "1"}))
+    (tmp_path / "e1.json").write_text(lw.to_nice_json(engine, indent=2) + "\n")
+    config = _launch_config.load_config(
+        ["--engine", "e1", "--config", str(tmp_path / "e1.json"), "--node-config", str(tmp_path / "launch.json")]
+    )
+    assert config["_sources"] == [str(tmp_path / "launch.json"), str(tmp_path / "e1.json")]
+    assert (config["_identity"] or {}).get("user") == user

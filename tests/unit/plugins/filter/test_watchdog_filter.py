@@ -82,13 +82,13 @@ def test_a_port_per_engine_can_be_given():
 @pytest.mark.parametrize(
     "over, words",
     [
-        ({"interval_s": "-1"}, "vllm_service_watchdog_interval_s = -1 must be a positive number of seconds. Fix:"),
-        ({"max_restarts": 0}, "vllm_service_watchdog_max_restarts = 0 must be a whole number >= 1. Fix:"),
+        ({"interval_s": "-1"}, "vllm_service_watchdog_interval_s = -1 is out of range (must be > 0 and <= 604800)"),
+        ({"max_restarts": 0}, "vllm_service_watchdog_max_restarts = 0 is out of range (must be >= 1 and <= 1000)"),
         ({"evict_scope": "all"}, "vllm_service_watchdog_evict_scope = 'all' is not model or global. Fix:"),
         ({"warn_floor_mib": 100, "critical_floor_mib": 200}, "vllm_service_watchdog_warn_floor_mib = 100 is not above"),
-        ({"rank_link_grace_s": "soon"}, "vllm_service_watchdog_rank_link_grace_s = 'soon' must be a number"),
+        ({"rank_link_grace_s": "soon"}, "vllm_service_watchdog_rank_link_grace_s = 'soon' is a string, not a number"),
         ({"backoff_initial_s": 60, "backoff_max_s": 30}, "vllm_service_watchdog_backoff_max_s = 30.0 is below"),
-        ({"ram_gib": "-4"}, "vllm_service_ram_gib = -4 must be a positive number"),
+        ({"ram_gib": "-4"}, "vllm_service_ram_gib = -4 is out of range (must be > 0"),
     ],
 )
 def test_bad_values_are_refused_naming_the_variable_the_value_and_the_fix(over, words):

@@ -56,8 +56,12 @@ def test_defaults():
         (["--until-url", "localhost:8000/health"], "not an http(s) URL"),
         (["--until-pid", "0"], "positive process id"),
         (["--mode", "bogus"], "invalid choice"),
-        (["--drop-level", "2"], "invalid choice"),
-        (["--interval", "fast"], "invalid float"),
+        (["--drop-level", "2"], "is not 1 or 3"),
+        (["--interval", "fast"], "is not a number"),
+        # argparse's int() and float() take any Unicode digit: U+FF11 (a fullwidth 1) was a silent 1
+        (["--threshold-mib", "\uff11"], "is not an integer"),
+        (["--interval", "\uff11"], "digits 0-9 only"),
+        (["--drop-level", "\uff13"], "is not an integer"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_reason(argv, message, capsys):
