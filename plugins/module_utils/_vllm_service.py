@@ -15,6 +15,7 @@ and tests/unit/plugins/filter/test_vllm_service.py.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -197,6 +198,7 @@ def check(
         errors.extend(_check_paths_and_env(where, engine))
         errors.extend(_check_runtime(where, engine, settings))
         errors.extend(_check_secrets(where, engine))
+        errors.extend(_check_api_auth(where, engine, settings))
         nodes = engine.get("nodes") or []
         if nodes:
             errors.extend(_check_nodes(where, engine, nodes, known, addrs))
@@ -282,6 +284,15 @@ SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
     errors = []
+    names = engine.get("secret_names") or []
+    for key in engine.get("secret_keys") or []:
+        if key != "<not a mapping>" and key not in names:
+            # an unset environment variable or Vault entry becomes "": never dropped silently (issue 21)
+            errors.append(
+                "%s.secrets.%s is empty (an unset environment variable or Vault variable gives ''). Fix: give"
+                ' it a value, e.g. from Ansible Vault (%s: "{{ vault_%s }}" with vault_%s in an encrypted'
+                " vars file), or remove the key." % (where, key, key, str(key).lower(), str(key).lower())
+            )
     for key in engine.get("env") or {}:
         if isinstance(key, str) and SECRET_ENV_RE.search(key) and key not in (engine.get("secret_keys") or []):
             errors.append(
@@ -298,6 +309,50 @@ def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
                 " %s.secrets.%s; vLLM reads it from the environment." % (where, flag, where, SECRET_FLAGS[flag])
             )
     return errors
+
+
+API_AUTH = ("key", "none")
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def is_loopback(host: Any) -> bool:
+    """True when ``host`` is an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    text = str(host or "").strip().strip("[]")
+    if text.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_api_auth(where: str, engine: Dict[str, Any], settings: Dict[str, Any]) -> List[str]:
+    """An API that listens beyond loopback needs VLLM_API_KEY unless the operator said api_auth: none."""
+    own = engine.get("api_auth")
+    auth = own if own is not None else settings.get("api_auth", "key")
+    if auth not in API_AUTH:
+        option = where + ".api_auth" if own is not None else "vllm_service_api_auth"
+        return [
+            _err(
+                option,
+                auth,
+                "is not key or none",
+                "Use key (an API beyond loopback needs secrets.VLLM_API_KEY) or none (serve without a key).",
+            )
+        ]
+    host = engine.get("host") or settings.get("api_host") or "127.0.0.1"
+    if auth == "none" or is_loopback(host) or "VLLM_API_KEY" in (engine.get("secret_names") or []):
+        return []
+    if "VLLM_API_KEY" in (engine.get("secret_keys") or []):
+        return []  # empty: _check_secrets names it
+    option = where + ".host" if engine.get("host") else "vllm_service_api_host"
+    return [
+        _err(option, host, "lets engine %s's API (port %s) be reached from other machines without a key"
+             % (engine.get("name"), engine.get("port")),
+             "Set %s.secrets.VLLM_API_KEY (from Ansible Vault, e.g. \"{{ vault_vllm_api_key }}\"), or listen on"
+             " 127.0.0.1 only, or say api_auth: none for this engine (or vllm_service_api_auth: none) to serve"
+             " without authentication on purpose." % where)
+    ]  # fmt: skip
 
 
 def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any]) -> List[str]:

@@ -159,8 +159,60 @@ CHECKS = [
 ]
 
 
+def keyed(e):
+    """The engine with an API key (the CHECKS above are about other things than api_auth)."""
+    return dict(e, secrets=dict({"VLLM_API_KEY": "k"}, **(e.get("secrets") or {})))
+
+
+# issue 21: an API beyond loopback needs a key unless api_auth: none; an empty secret is refused
+AUTH_CHECKS = [
+    ("no key on 0.0.0.0", [engine()], NATIVE, "vllm_service_api_host = '0.0.0.0' lets engine e's API"),
+    ("no key on a LAN address", [engine(host="192.168.1.5")], NATIVE, "vllm_service_engines[e].host = '192.168.1.5'"),
+    ("no key on ::", [engine(host="::")], NATIVE, ".host = '::' lets engine e's API"),
+    ("no key on a host name", [engine(host="spark1.lan")], NATIVE, ".host = 'spark1.lan' lets"),
+    ("no key, loopback", [engine(host="127.0.0.1")], NATIVE, None),
+    ("no key, 127.0.0.2", [engine(host="127.0.0.2")], NATIVE, None),
+    ("no key, ::1", [engine(host="::1")], NATIVE, None),
+    ("no key, localhost", [engine()], dict(NATIVE, api_host="localhost"), None),
+    ("no key, api_auth none", [engine(api_auth="none")], NATIVE, None),
+    ("no key, role api_auth none", [engine()], dict(NATIVE, api_auth="none"), None),
+    ("engine api_auth key beats role none", [engine(api_auth="key")], dict(NATIVE, api_auth="none"), "without a key"),
+    ("key given", [engine(secrets={"VLLM_API_KEY": "k"})], NATIVE, None),
+    ("empty key", [engine(secrets={"VLLM_API_KEY": ""})], NATIVE, "secrets.VLLM_API_KEY is empty"),
+    ("null key", [engine(secrets={"VLLM_API_KEY": None})], NATIVE, "secrets.VLLM_API_KEY is empty"),
+    ("empty key on loopback", [engine(host="127.0.0.1", secrets={"VLLM_API_KEY": ""})], NATIVE, "is empty"),
+    ("empty HF_TOKEN", [engine(secrets={"VLLM_API_KEY": "k", "HF_TOKEN": ""})], NATIVE, "secrets.HF_TOKEN is empty"),
+    ("bad api_auth", [engine(api_auth="off")], NATIVE, "vllm_service_engines[e].api_auth = 'off' is not key or none"),
+    ("bad role api_auth", [engine()], dict(NATIVE, api_auth="yes"), "vllm_service_api_auth = 'yes' is not key"),
+    ("stopped engine too", [engine(state="stopped")], NATIVE, "without a key"),
+    ("absent engine skipped", [engine(state="absent")], NATIVE, None),
+    ("worker rank too", [engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2})], NATIVE, "without a key"),
+]
+
+
+@pytest.mark.parametrize(("case", "engines", "settings", "expect"), AUTH_CHECKS, ids=[c[0] for c in AUTH_CHECKS])
+def test_check_api_auth(case, engines, settings, expect):
+    normalized = []
+    for e in engines:
+        normalized += vs.host_engines([e], "ai1", "mp")
+    errors = vs.check(normalized, settings, HOSTS, {"ai1": "10.0.0.1", "ai2": "10.0.0.2"})
+    if expect is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and expect in errors[0], errors
+        assert " Fix: " in errors[0]
+
+
+def test_empty_secret_names_the_key_never_a_value():
+    (e,) = vs.host_engines([engine(secrets={"VLLM_API_KEY": "s3cr3t", "HF_TOKEN": ""})], "ai1", "mp")
+    errors = vs.check([e], NATIVE, HOSTS, ADDRS)
+    assert errors and all("s3cr3t" not in err for err in errors)
+    assert any("HF_TOKEN is empty" in err and "vault_hf_token" in err for err in errors), errors
+
+
 @pytest.mark.parametrize(("case", "engines", "settings", "expect"), CHECKS, ids=[c[0] for c in CHECKS])
 def test_check(case, engines, settings, expect):
+    engines = [keyed(e) for e in engines]
     normalized = []
     for e in engines:
         normalized += vs.host_engines([e], "ai1", "mp") if "ai1" in (e.get("nodes") or ["ai1"]) else []
@@ -173,7 +225,7 @@ def test_check(case, engines, settings, expect):
 
 
 def test_check_needs_the_head_address():
-    (e,) = vs.host_engines([engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2})], "ai1", "mp")
+    (e,) = vs.host_engines([keyed(engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2}))], "ai1", "mp")
     (err,) = vs.check([e], NATIVE, HOSTS, {"ai2": None})
     assert "uma_cluster_addr" in err and "host_vars/ai2.yml" in err
 
