@@ -201,7 +201,7 @@ def check(
         errors.extend(_check_api_auth(where, engine, settings))
         nodes = engine.get("nodes") or []
         if nodes:
-            errors.extend(_check_nodes(where, engine, nodes, known, addrs))
+            errors.extend(_check_nodes(where, engine, nodes, known, addrs, settings))
     return errors
 
 
@@ -355,7 +355,39 @@ def _check_api_auth(where: str, engine: Dict[str, Any], settings: Dict[str, Any]
     ]  # fmt: skip
 
 
-def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any]) -> List[str]:
+def _check_cluster_addrs(
+    engine: Dict[str, Any], head: Any, addrs: Dict[str, Any], settings: Dict[str, Any]
+) -> List[str]:
+    """This rank's own cluster address (rank 0's is the head's, checked above) and both are IP addresses:
+    they go into VLLM_HOST_IP, --master-addr and Ray's --node-ip-address."""
+    errors = []
+    cluster = engine.get("cluster") or {}
+    me = (cluster.get("nodes") or [None])[cluster.get("rank") or 0]
+    own = settings.get("node_addr")
+    if cluster.get("rank") and own in (None, ""):
+        errors.append(
+            _err("uma_cluster_addr", own, "is not set for host %s, rank %s of engine %s (no fallback to the"
+                 " default-route address: on a Spark that is the management network)"
+                 % (me, cluster.get("rank"), engine.get("name")),
+                 "Set uma_cluster_addr in host_vars/%s.yml to its address on the cluster link (the ConnectX"
+                 " port that ibdev2netdev shows Up: ip -br addr show <interface>)." % me)
+        )  # fmt: skip
+    for host, value in sorted({me: own, head: addrs.get(head)}.items(), key=str):
+        if value in (None, ""):
+            continue
+        try:
+            ipaddress.ip_address(str(value))
+        except ValueError:
+            errors.append(
+                _err("uma_cluster_addr", value, "of host %s is not an IP address" % host,
+                     "Give the node's IPv4/IPv6 address on the cluster link (e.g. 192.168.100.11), not a name.")
+            )  # fmt: skip
+    return errors
+
+
+def _check_nodes(
+    where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any], settings: Dict[str, Any]
+) -> List[str]:
     errors = []
     if not isinstance(nodes, list) or len(nodes) < 2:
         return [
@@ -376,6 +408,7 @@ def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, add
             _err("uma_cluster_addr", None, "is unknown for rank-0 host %s of engine %s" % (head, engine.get("name")),
                  "Set uma_cluster_addr (its ConnectX address) in host_vars/%s.yml." % head)
         )  # fmt: skip
+    errors.extend(_check_cluster_addrs(engine, head, addrs, settings))
     ports = {}
     for key in ("port", "master_port", "link_port", "ray_port"):
         value = engine.get(key)

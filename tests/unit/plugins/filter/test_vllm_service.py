@@ -224,6 +224,36 @@ def test_check(case, engines, settings, expect):
         assert " Fix: " in errors[0]  # every refusal says how to fix it
 
 
+# issue 21: a multi-node rank's own cluster address is required (no default-route fallback) and an IP
+ADDR_CHECKS = [
+    ("rank 1 without its address", ["ai2", "ai1"], None, {"ai2": "10.0.0.2"},
+     "uma_cluster_addr = None is not set for host ai1, rank 1 of engine e"),
+    ("rank 1 with an empty address", ["ai2", "ai1"], "", {"ai2": "10.0.0.2"}, "host_vars/ai1.yml"),
+    ("rank 1 with a name", ["ai2", "ai1"], "spark1.lan", {"ai2": "10.0.0.2"},
+     "uma_cluster_addr = 'spark1.lan' of host ai1 is not an IP address"),
+    ("rank 0 with a name", ["ai1", "ai2"], "spark0", {"ai1": "spark0"},
+     "uma_cluster_addr = 'spark0' of host ai1 is not an IP address"),
+    ("head with a name", ["ai2", "ai1"], "10.0.0.1", {"ai2": "spark2;x"}, "'spark2;x' of host ai2 is not an IP"),
+    ("both set", ["ai2", "ai1"], "10.0.0.1", {"ai2": "10.0.0.2"}, None),
+    ("IPv6", ["ai2", "ai1"], "fd00::1", {"ai2": "fd00::2"}, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "nodes", "own", "addrs", "expect"), ADDR_CHECKS, ids=[c[0] for c in ADDR_CHECKS])
+def test_check_cluster_addresses(case, nodes, own, addrs, expect):
+    (e,) = vs.host_engines([keyed(engine(nodes=nodes, plan={"tensor_parallel_size": 2}))], "ai1", "mp")
+    errors = vs.check([e], dict(NATIVE, node_addr=own), HOSTS, addrs)
+    if expect is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and expect in errors[0] and " Fix: " in errors[0], errors
+
+
+def test_single_node_engine_needs_no_cluster_address():
+    (e,) = vs.host_engines([keyed(engine())], "ai1", "mp")
+    assert vs.check([e], dict(NATIVE, node_addr=None), HOSTS, {}) == []
+
+
 def test_check_needs_the_head_address():
     (e,) = vs.host_engines([keyed(engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2}))], "ai1", "mp")
     (err,) = vs.check([e], NATIVE, HOSTS, {"ai2": None})
