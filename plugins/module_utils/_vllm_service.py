@@ -189,6 +189,12 @@ def check(
     seen_names: Dict[str, int] = {}
     seen_ports: Dict[int, str] = {}
     known = set(known_hosts or [])
+    timeout = settings.get("health_timeout_s")
+    if timeout not in (None, "") and not (GIB_RE.match(str(timeout)) and float(timeout) > 0):
+        errors.append(
+            _err("vllm_service_health_timeout_s", timeout, "is not a positive number of seconds",
+                 "Give how long an engine may take to become healthy, e.g. 1800.")
+        )  # fmt: skip
     for index, engine in enumerate(engines):
         where = "vllm_service_engines[%s]" % (engine.get("name") or index)
         errors.extend(_check_name(where, engine, index, seen_names))
@@ -619,6 +625,10 @@ def launch_config(
     for key in ("guard_mode", "readahead_kb", "pre_evict"):
         if engine.get(key) is not None:
             config[key] = engine[key]
+    if settings.get("health_timeout_s") not in (None, ""):
+        # the launcher stops an engine not healthy after this: the same bound as the play's wait
+        # (vllm_service_health_timeout_s), not launch_wrapper's node-wide default (issue 21)
+        config["health_timeout_s"] = float(settings["health_timeout_s"])
     if cluster:
         # the launchers of the ranks meet on rank 0 before loading and stop together
         config["cluster"] = {

@@ -703,3 +703,31 @@ def test_unit_actions_from_the_states_read_before_writing():
         "reset": ["new", "rank1"],
     }
     assert vs.unit_actions(engines[:1], {}, [])["start_api"] == ["up"]  # not reported: inactive
+
+
+# --------------------------------------------------------------------------- one health timeout (issue 21)
+
+
+def test_the_roles_health_timeout_reaches_the_launcher(tmp_path):
+    """vllm_service_health_timeout_s is what the launcher on the node waits, not launch_wrapper's node-wide
+    1800 s: the engine's config (written by the role) overrides the node's launch.json."""
+    from ansible_collections.uma.vllm.plugins.filter import launch_wrapper as lw
+    from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
+
+    e = one("ai1", secrets={"VLLM_API_KEY": "k"})
+    config = vs.launch_config(e, plan(), dict(NATIVE, health_timeout_s="3600"), {})
+    assert config["health_timeout_s"] == 3600.0
+    (written,) = lw.engine_files([config], str(tmp_path))
+    engine_file = json.loads(written["content"])
+    node_file = {"health_timeout_s": 1800}  # launch_wrapper_health_timeout_s in /etc/uma-vllm/launch.json
+    merged = _launch_config.merge_config(node_file, engine_file)
+    assert merged["health_timeout_s"] == 3600.0
+    # unset (the launch_wrapper role's own engines): the node-wide value as before, no key written
+    assert "health_timeout_s" not in lw.engine_config(vs.launch_config(e, plan(), NATIVE, {}))
+
+
+@pytest.mark.parametrize("bad", [0, -5, "soon", "1e3"])
+def test_a_bad_health_timeout_is_refused_before_anything_changes(bad):
+    (e,) = vs.host_engines([keyed(engine())], "ai1", "mp")
+    (err,) = vs.check([e], dict(NATIVE, health_timeout_s=bad), HOSTS, ADDRS)
+    assert err.startswith("vllm_service_health_timeout_s = ") and " Fix: " in err
