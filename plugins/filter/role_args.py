@@ -178,6 +178,10 @@ def renamed_values(
         except ValueError as err:
             errors.append("%s = %s %s. Fix: use %s (seconds, e.g. 15) instead." % (old, _show(value), err, new))
             continue
+        wrong = role_args_errors({new: converted}, {new: (options or {}).get(new) or {}})
+        if wrong:
+            errors.extend("%s (set through the deprecated %s; use %s)" % (w, old, new) for w in wrong)
+            continue
         current = (values or {}).get(new)
         default = ((options or {}).get(new) or {}).get("default")
         if current is not None and current not in (default, converted):
