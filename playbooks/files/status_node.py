@@ -62,8 +62,8 @@ def meminfo():
     try:
         with open("/proc/meminfo", encoding="ascii") as handle:
             for line in handle:
-                key, _, rest = line.partition(":")
-                if key in ("MemTotal", "MemAvailable"):
+                key, sep, rest = line.partition(":")
+                if sep and key in ("MemTotal", "MemAvailable"):
                     out[key + "_kb"] = int(rest.split()[0])
     except (OSError, ValueError):
         pass

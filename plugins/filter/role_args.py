@@ -121,7 +121,6 @@ def role_args_names(options: Dict[str, Any]) -> List[str]:
 # --------------------------------------------------------------------------
 # Renamed variables: the old name still works for a while, with a deprecation warning.
 
-REMOVED_IN = "2.0.0"
 UNSET = "__uma_unset__"
 _SPAN_RE = re.compile(r"^\s*([0-9]+)\s*(s|sec|m|min|h|hr)?\s*$")
 _SPAN_UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
@@ -205,7 +204,7 @@ def role_args_renamed(values: Dict[str, Any], role: Any, options: Dict[str, Any]
     if errors:
         raise AnsibleFilterError(" | ".join(errors))
     for message in messages:
-        Display().deprecated(message, version=REMOVED_IN, collection_name="uma.vllm")
+        Display().deprecated(message, version="2.0.0", collection_name="uma.vllm")
     return facts
 
 
