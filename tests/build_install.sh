@@ -31,10 +31,10 @@ for f in $filters; do
   ansible-doc -t filter "$f" >/dev/null || { echo "ansible-doc -t filter $f failed (undocumented filter)" >&2; exit 1; }
 done
 echo "ansible-doc renders: $(echo "$modules" | wc -w) modules, $(echo "$roles" | wc -w) roles, $(echo "$filters" | wc -w) filters"
-for p in site restore diagnose; do
+for p in site restore diagnose status; do
   ansible-playbook "uma.vllm.$p" -i "$root/inventories/spark" --syntax-check >/dev/null
 done
-echo "installed playbooks parse: uma.vllm.site, uma.vllm.restore, uma.vllm.diagnose"
+echo "installed playbooks parse: uma.vllm.site, uma.vllm.restore, uma.vllm.diagnose, uma.vllm.status"
 
 conf="$work/x.conf"
 run() { ansible localhost -m uma.vllm.uma_sysctl -a "path=$conf apply=false state_dir=$work/state $*" 2>&1; }

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filter of the uma.vllm.preflight role: the whole-number role variables checked before
-ansible-core's own argument_specs validation.
+"""Filters of the uma.vllm.preflight role: the whole-number role variables checked before
+ansible-core's own argument_specs validation, and the old names of renamed variables (issue 21:
+units in every name) taken over with a deprecation warning.
 
 ansible-core's ``check_type_int`` raises OverflowError on ``inf`` / ``Infinity``
 (``int(Decimal('Infinity'))``), so a ``type: int`` role variable set to ``.inf`` ends the
@@ -16,7 +17,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ansible.errors import AnsibleFilterError
+from ansible.utils.display import Display
 
 LIMIT = 2**63 - 1
 _INT_RE = re.compile(r"^[-+]?[0-9]+$")
@@ -114,6 +118,101 @@ def role_args_names(options: Dict[str, Any]) -> List[str]:
     return sorted(name for name, spec in (options or {}).items() if has_int(spec))
 
 
+# --------------------------------------------------------------------------
+# Renamed variables: the old name still works for a while, with a deprecation warning.
+
+UNSET = "__uma_unset__"
+_SPAN_RE = re.compile(r"^\s*([0-9]+)\s*(s|sec|m|min|h|hr)?\s*$")
+_SPAN_UNITS = {None: 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def span_seconds(value: Any) -> int:
+    """A systemd time span of whole seconds or more (``15s``, ``1min``, ``15``) in seconds."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = _SPAN_RE.match(str(value)) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+    if not match or int(match.group(1)) <= 0:
+        raise ValueError("is not a time span of whole seconds (15s, 1min)")
+    return int(match.group(1)) * _SPAN_UNITS[match.group(2)]
+
+
+# role -> old name -> (new name, how the old value becomes the new one)
+RENAMED: Dict[str, Dict[str, Tuple[str, Callable[[Any], Any]]]] = {
+    "vllm_service": {"vllm_service_restart_sec": ("vllm_service_restart_s", _same)},
+    "launch_wrapper": {
+        "launch_wrapper_guard_interval": ("launch_wrapper_guard_interval_s", _same),
+        "launch_wrapper_guard_max_duration": ("launch_wrapper_guard_max_duration_s", _same),
+    },
+    "monitoring": {"monitoring_interval": ("monitoring_interval_s", span_seconds)},
+}
+
+
+def role_args_renamed_names(role: Any) -> List[str]:
+    """The old names of ``role``'s renamed variables, then their new names (the variables to read)."""
+    renames = RENAMED.get(role) or {}
+    return sorted(renames) + [renames[old][0] for old in sorted(renames)]
+
+
+def renamed_values(
+    role: Any, values: Dict[str, Any], options: Dict[str, Any]
+) -> Tuple[Dict[str, Any], List[str], List[str]]:
+    """``values``: the old and new names by name (unset = None). Returns the new names to set from
+    old ones, the deprecation messages and the errors (both names set to different values, an old
+    value that cannot be converted), each naming the variables, the value and the fix."""
+    facts: Dict[str, Any] = {}
+    messages: List[str] = []
+    errors: List[str] = []
+    # the preflight reads unset variables as UNSET (the vars lookup's default cannot be None)
+    values = {k: None if v == UNSET else v for k, v in (values or {}).items()}
+    for old, (new, convert) in sorted((RENAMED.get(role) or {}).items()):
+        value = (values or {}).get(old)
+        if value is None:
+            continue
+        try:
+            converted = convert(value)
+        except ValueError as err:
+            errors.append("%s = %s %s. Fix: use %s (seconds, e.g. 15) instead." % (old, _show(value), err, new))
+            continue
+        wrong = role_args_errors({new: converted}, {new: (options or {}).get(new) or {}})
+        if wrong:
+            errors.extend("%s (set through the deprecated %s; use %s)" % (w, old, new) for w in wrong)
+            continue
+        current = (values or {}).get(new)
+        default = ((options or {}).get(new) or {}).get("default")
+        if current is not None and current not in (default, converted):
+            errors.append(
+                "%s = %s and its new name %s = %s are both set. Fix: keep %s only (the old name is deprecated)."
+                % (old, _show(value), new, _show(current), new)
+            )
+            continue
+        facts[new] = converted
+        messages.append(
+            "uma.vllm.%s: the variable %s is deprecated, use %s (the unit is in the name now; value %s -> %s)."
+            % (role, old, new, _show(value), _show(converted))
+        )
+    return facts, messages, errors
+
+
+def role_args_renamed(values: Dict[str, Any], role: Any, options: Dict[str, Any]) -> Dict[str, Any]:
+    """The new names to set from the old ones the inventory still uses, with a deprecation warning each;
+    an error (AnsibleFilterError) names both variables when they disagree."""
+    facts, messages, errors = renamed_values(role, values, options)
+    if errors:
+        raise AnsibleFilterError(" | ".join(errors))
+    for message in messages:
+        Display().deprecated(message, version="2.0.0", collection_name="uma.vllm")
+    return facts
+
+
 class FilterModule:
     def filters(self):
-        return {"role_args_errors": role_args_errors, "role_args_names": role_args_names}
+        return {
+            "role_args_errors": role_args_errors,
+            "role_args_names": role_args_names,
+            "role_args_renamed_names": role_args_renamed_names,
+            "role_args_renamed": role_args_renamed,
+        }

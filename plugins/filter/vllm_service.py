@@ -50,6 +50,7 @@ images = as_filter(model.images)
 drop_in = as_filter(model.drop_in)
 head_addrs = as_filter(state.head_addrs)
 peers_changed = as_filter(state.peers_changed)
+prune_plan = as_filter(state.prune_plan)
 files_state = as_filter(files.files_state)
 status_entry = as_filter(state.status_entry)
 changed = as_filter(state.changed)
@@ -78,6 +79,7 @@ class FilterModule:
             "vllm_service_launch_configs": launch_configs,
             "vllm_service_head_addrs": head_addrs,
             "vllm_service_peers_changed": peers_changed,
+            "vllm_service_prune_plan": prune_plan,
             "vllm_service_files_state": files_state,
             "vllm_service_node_files": node_files,
             "vllm_service_images": images,

@@ -103,5 +103,8 @@ def engine_config(engine: Dict[str, Any], managed: Optional[str] = None) -> Dict
         # a rank of a multi-node engine: the launchers' rank link (uma.vllm.vllm_service)
         "cluster": engine.get("cluster"),
     }
+    if engine.get("health_timeout_s") is not None:
+        # the engine's own bound (vllm_service_health_timeout_s) over the node's launch.json
+        config["health_timeout_s"] = engine["health_timeout_s"]
     config.update(_user(engine))
     return config

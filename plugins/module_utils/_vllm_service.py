@@ -15,6 +15,7 @@ and tests/unit/plugins/filter/test_vllm_service.py.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shlex
@@ -188,6 +189,12 @@ def check(
     seen_names: Dict[str, int] = {}
     seen_ports: Dict[int, str] = {}
     known = set(known_hosts or [])
+    timeout = settings.get("health_timeout_s")
+    if timeout not in (None, "") and not (GIB_RE.match(str(timeout)) and float(timeout) > 0):
+        errors.append(
+            _err("vllm_service_health_timeout_s", timeout, "is not a positive number of seconds",
+                 "Give how long an engine may take to become healthy, e.g. 1800.")
+        )  # fmt: skip
     for index, engine in enumerate(engines):
         where = "vllm_service_engines[%s]" % (engine.get("name") or index)
         errors.extend(_check_name(where, engine, index, seen_names))
@@ -197,9 +204,10 @@ def check(
         errors.extend(_check_paths_and_env(where, engine))
         errors.extend(_check_runtime(where, engine, settings))
         errors.extend(_check_secrets(where, engine))
+        errors.extend(_check_api_auth(where, engine, settings))
         nodes = engine.get("nodes") or []
         if nodes:
-            errors.extend(_check_nodes(where, engine, nodes, known, addrs))
+            errors.extend(_check_nodes(where, engine, nodes, known, addrs, settings))
     return errors
 
 
@@ -282,6 +290,15 @@ SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
     errors = []
+    names = engine.get("secret_names") or []
+    for key in engine.get("secret_keys") or []:
+        if key != "<not a mapping>" and key not in names:
+            # an unset environment variable or Vault entry becomes "": never dropped silently (issue 21)
+            errors.append(
+                "%s.secrets.%s is empty (an unset environment variable or Vault variable gives ''). Fix: give"
+                ' it a value, e.g. from Ansible Vault (%s: "{{ vault_%s }}" with vault_%s in an encrypted'
+                " vars file), or remove the key." % (where, key, key, str(key).lower(), str(key).lower())
+            )
     for key in engine.get("env") or {}:
         if isinstance(key, str) and SECRET_ENV_RE.search(key) and key not in (engine.get("secret_keys") or []):
             errors.append(
@@ -300,7 +317,83 @@ def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
     return errors
 
 
-def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any]) -> List[str]:
+API_AUTH = ("key", "none")
+LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
+
+
+def is_loopback(host: Any) -> bool:
+    """True when ``host`` is an address only this machine reaches (127.0.0.0/8, ::1, localhost)."""
+    text = str(host or "").strip().strip("[]")
+    if text.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(text).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_api_auth(where: str, engine: Dict[str, Any], settings: Dict[str, Any]) -> List[str]:
+    """An API that listens beyond loopback needs VLLM_API_KEY unless the operator said api_auth: none."""
+    own = engine.get("api_auth")
+    auth = own if own is not None else settings.get("api_auth", "key")
+    if auth not in API_AUTH:
+        option = where + ".api_auth" if own is not None else "vllm_service_api_auth"
+        return [
+            _err(
+                option,
+                auth,
+                "is not key or none",
+                "Use key (an API beyond loopback needs secrets.VLLM_API_KEY) or none (serve without a key).",
+            )
+        ]
+    host = engine.get("host") or settings.get("api_host") or "127.0.0.1"
+    if auth == "none" or is_loopback(host) or "VLLM_API_KEY" in (engine.get("secret_names") or []):
+        return []
+    if "VLLM_API_KEY" in (engine.get("secret_keys") or []):
+        return []  # empty: _check_secrets names it
+    option = where + ".host" if engine.get("host") else "vllm_service_api_host"
+    return [
+        _err(option, host, "lets engine %s's API (port %s) be reached from other machines without a key"
+             % (engine.get("name"), engine.get("port")),
+             "Set %s.secrets.VLLM_API_KEY (from Ansible Vault, e.g. \"{{ vault_vllm_api_key }}\"), or listen on"
+             " 127.0.0.1 only, or say api_auth: none for this engine (or vllm_service_api_auth: none) to serve"
+             " without authentication on purpose." % where)
+    ]  # fmt: skip
+
+
+def _check_cluster_addrs(
+    engine: Dict[str, Any], head: Any, addrs: Dict[str, Any], settings: Dict[str, Any]
+) -> List[str]:
+    """This rank's own cluster address (rank 0's is the head's, checked above) and both are IP addresses:
+    they go into VLLM_HOST_IP, --master-addr and Ray's --node-ip-address."""
+    errors = []
+    cluster = engine.get("cluster") or {}
+    me = (cluster.get("nodes") or [None])[cluster.get("rank") or 0]
+    own = settings.get("node_addr")
+    if cluster.get("rank") and own in (None, ""):
+        errors.append(
+            _err("uma_cluster_addr", own, "is not set for host %s, rank %s of engine %s (no fallback to the"
+                 " default-route address: on a Spark that is the management network)"
+                 % (me, cluster.get("rank"), engine.get("name")),
+                 "Set uma_cluster_addr in host_vars/%s.yml to its address on the cluster link (the ConnectX"
+                 " port that ibdev2netdev shows Up: ip -br addr show <interface>)." % me)
+        )  # fmt: skip
+    for host, value in sorted({me: own, head: addrs.get(head)}.items(), key=str):
+        if value in (None, ""):
+            continue
+        try:
+            ipaddress.ip_address(str(value))
+        except ValueError:
+            errors.append(
+                _err("uma_cluster_addr", value, "of host %s is not an IP address" % host,
+                     "Give the node's IPv4/IPv6 address on the cluster link (e.g. 192.168.100.11), not a name.")
+            )  # fmt: skip
+    return errors
+
+
+def _check_nodes(
+    where: str, engine: Dict[str, Any], nodes: Any, known: set, addrs: Dict[str, Any], settings: Dict[str, Any]
+) -> List[str]:
     errors = []
     if not isinstance(nodes, list) or len(nodes) < 2:
         return [
@@ -321,6 +414,7 @@ def _check_nodes(where: str, engine: Dict[str, Any], nodes: Any, known: set, add
             _err("uma_cluster_addr", None, "is unknown for rank-0 host %s of engine %s" % (head, engine.get("name")),
                  "Set uma_cluster_addr (its ConnectX address) in host_vars/%s.yml." % head)
         )  # fmt: skip
+    errors.extend(_check_cluster_addrs(engine, head, addrs, settings))
     ports = {}
     for key in ("port", "master_port", "link_port", "ray_port"):
         value = engine.get(key)
@@ -531,6 +625,10 @@ def launch_config(
     for key in ("guard_mode", "readahead_kb", "pre_evict"):
         if engine.get(key) is not None:
             config[key] = engine[key]
+    if settings.get("health_timeout_s") not in (None, ""):
+        # the launcher stops an engine not healthy after this: the same bound as the play's wait
+        # (vllm_service_health_timeout_s), not launch_wrapper's node-wide default (issue 21)
+        config["health_timeout_s"] = float(settings["health_timeout_s"])
     if cluster:
         # the launchers of the ranks meet on rank 0 before loading and stop together
         config["cluster"] = {

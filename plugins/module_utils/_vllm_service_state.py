@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import role_text
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError, role_text
 
 
 def head_addrs(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, Any]:
@@ -33,6 +33,25 @@ def head_addrs(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, Any]:
                 addr = hv.get("uma_cluster_addr")
         out[head] = str(addr) if addr else None
     return out
+
+
+PRUNE = ("list", "remove", "none")
+
+
+def prune_plan(installed: Any, keep: Any, absent: Any, prune: Any) -> Dict[str, List[str]]:
+    """Which engines found on the node go (``remove``) and which, no longer in the inventory, stay
+    (``orphans``: shown, left running) for vllm_service_prune = list (default), remove or none.
+    An engine set to ``state: absent`` always goes; one that is merely missing from the inventory
+    (renamed, a typo, another inventory's) goes only with ``remove`` (issue 21)."""
+    if prune not in PRUNE:
+        raise EngineModelError(
+            "vllm_service_prune = %r is not list, remove or none. Fix: list (show the engines on the node that are"
+            " no longer defined), remove (stop and remove them) or none." % (prune,)
+        )
+    keep_names = set(keep or [])
+    orphans = sorted(str(n) for n in installed or [] if n not in keep_names and n not in (absent or []))
+    remove = list(dict.fromkeys([*(absent or []), *(orphans if prune == "remove" else [])]))
+    return {"remove": remove, "orphans": [] if prune == "remove" else orphans}
 
 
 def peers_changed(engines: List[Dict[str, Any]], hostvars: Any) -> Dict[str, List[str]]:

@@ -1,6 +1,7 @@
 """Issue 10, secrets canary: the lab's engine secret (VLLM_API_KEY, inventories/lab) must be only in
-the engine's 0600 EnvironmentFile - not in any other file the roles wrote, the journal, any
-process's command line or the results the roles registered (dumped by converge.yml)."""
+the engines' 0600 EnvironmentFiles - not in any other file the roles wrote, the journal, any
+process's command line or the results the roles registered (dumped by converge.yml). Both lab
+engines have the key (issue 21: an API on 0.0.0.0 without one is refused)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 CANARY = "uma-lab-key-not-secret"  # inventories/lab/group_vars/spark.yml uma_lab_api_key
 ENV_FILE = "/etc/uma-vllm/engines/tp2.env"
+ENV_FILES = ["/etc/uma-vllm/engines/tp2-ray.env", ENV_FILE]  # sorted
 # every directory the roles write to on a node
 WRITTEN = [
     "/etc/uma-vllm",
@@ -37,9 +39,10 @@ def canary_file(host):
 def test_canary_only_in_the_0600_env_file(host, canary_file):
     assert host.file("/var/tmp/uma-registered.json").exists, "converge.yml did not dump the registered results"
     out = host.run("grep -rlsFf %s %s" % (canary_file, " ".join(WRITTEN))).stdout.split()
-    assert out == [ENV_FILE], out
-    env = host.file(ENV_FILE)
-    assert env.mode == 0o600 and env.user == "root"
+    assert sorted(out) == ENV_FILES, out
+    for path in ENV_FILES:
+        env = host.file(path)
+        assert env.mode == 0o600 and env.user == "root"
 
 
 def test_canary_not_in_the_journal(host, canary_file):

@@ -96,7 +96,7 @@ def _play(tmp_path, role, values):
 @pytest.mark.parametrize(
     ("role", "name", "nested"),
     [
-        ("vllm_service", "vllm_service_restart_sec", None),
+        ("vllm_service", "vllm_service_restart_s", None),
         ("node_prep", "node_prep_vfs_cache_pressure", None),
         ("launch_wrapper", "launch_wrapper_lock_timeout_s", None),
         ("launch_wrapper", "launch_wrapper_engines", "port"),

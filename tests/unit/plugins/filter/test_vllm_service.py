@@ -159,8 +159,14 @@ CHECKS = [
 ]
 
 
+def keyed(e):
+    """The engine with an API key (the CHECKS above are about other things than api_auth)."""
+    return dict(e, secrets=dict({"VLLM_API_KEY": "k"}, **(e.get("secrets") or {})))
+
+
 @pytest.mark.parametrize(("case", "engines", "settings", "expect"), CHECKS, ids=[c[0] for c in CHECKS])
 def test_check(case, engines, settings, expect):
+    engines = [keyed(e) for e in engines]
     normalized = []
     for e in engines:
         normalized += vs.host_engines([e], "ai1", "mp") if "ai1" in (e.get("nodes") or ["ai1"]) else []
@@ -173,7 +179,7 @@ def test_check(case, engines, settings, expect):
 
 
 def test_check_needs_the_head_address():
-    (e,) = vs.host_engines([engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2})], "ai1", "mp")
+    (e,) = vs.host_engines([keyed(engine(nodes=["ai2", "ai1"], plan={"tensor_parallel_size": 2}))], "ai1", "mp")
     (err,) = vs.check([e], NATIVE, HOSTS, {"ai2": None})
     assert "uma_cluster_addr" in err and "host_vars/ai2.yml" in err
 

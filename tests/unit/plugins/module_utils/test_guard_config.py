@@ -94,7 +94,7 @@ def test_every_caller_takes_the_same_defaults():
     with open(os.path.join(ROOT, "roles", "launch_wrapper", "defaults", "main.yml"), encoding="utf-8") as handle:
         role = yaml.safe_load(handle)
     assert role["launch_wrapper_guard_mode"] == _guard_config.DEFAULT_MODE
-    assert role["launch_wrapper_guard_interval"] == _guard_config.DEFAULT_INTERVAL
+    assert role["launch_wrapper_guard_interval_s"] == _guard_config.DEFAULT_INTERVAL
     assert role["launch_wrapper_guard_threshold_mib"] == _guard_config.DEFAULT_THRESHOLD_MIB
 
 
