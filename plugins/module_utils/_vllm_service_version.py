@@ -58,8 +58,9 @@ def probe_argv(bin_path: str, image: str, python: str) -> List[str]:
 
 
 def native_python(engine: Dict[str, Any], settings: Dict[str, Any]) -> Optional[str]:
-    """The python whose metadata tells a native engine's vLLM: vllm_service_native_python, else the interpreter next to the engine command's first word
-    (``/opt/vllm/bin/vllm`` -> ``/opt/vllm/bin/python``; a python itself is used as is).
+    """The python whose metadata tells a native engine's vLLM: vllm_service_native_python, else
+    the interpreter next to the engine command's first word (``/opt/vllm/bin/vllm`` ->
+    ``/opt/vllm/bin/python``; a python itself is used as is).
     None when the command's first word is not an absolute path (the role then resolves it)."""
     explicit = settings.get("native_python")
     if explicit:
@@ -140,7 +141,8 @@ def local_images(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, str]]:
     for result in results or []:
         words = str(result.get("stdout") or "").split()
         if result.get("rc") == 0 and words:
-            out[str((result.get("item") or {}).get("image"))] = {"id": words[0], "arch": words[1] if len(words) > 1 else ""}
+            image = str((result.get("item") or {}).get("image"))
+            out[image] = {"id": words[0], "arch": words[1] if len(words) > 1 else ""}
     return out
 
 
@@ -198,7 +200,8 @@ def resolve(declared: Any, detected: Optional[str], source: str, reason: str = "
     if have > versions.NEWEST_KNOWN:
         out["warnings"].append(
             "%s runs vLLM %s, newer than the newest release the planner was read from (%s): planned with"
-            " that release's rules; check the engine's first start" % (source, detected, versions.vstr(versions.NEWEST_KNOWN))
+            " that release's rules; check the engine's first start"
+            % (source, detected, versions.vstr(versions.NEWEST_KNOWN))
         )
     out["version"] = versions.vstr(have)
     return out
@@ -366,5 +369,7 @@ def settings_errors(declared: Any, image_python: Any, check_arch: Any, native_py
             " /opt/vllm/bin/python, or leave it null (found next to the native command)." % json.dumps(native_python)
         )
     if str(check_arch).lower() not in ("true", "false", "yes", "no"):
-        errors.append("vllm_service_check_image_arch = %s is not a boolean. Fix: true or false." % json.dumps(check_arch))
+        errors.append(
+            "vllm_service_check_image_arch = %s is not a boolean. Fix: true or false." % json.dumps(check_arch)
+        )
     return errors

@@ -320,7 +320,7 @@ def test_ray_head_with_secrets_sources_them_before_ray():
 
 def test_shell_env_is_sourced_literally(tmp_path):
     """The container's secrets file: sh gets each value back byte for byte (no $, `, \\ expansion)."""
-    secrets = {"A": "plain", "B": "it's $HOME `id` \\n \"q\"", "C": "line1\nline2"}
+    secrets = {"A": "plain", "B": 'it\'s $HOME `id` \\n "q"', "C": "line1\nline2"}
     path = tmp_path / "s.env"
     path.write_text(vs.shell_env(secrets))
     out = subprocess.run(

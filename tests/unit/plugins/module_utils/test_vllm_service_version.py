@@ -106,9 +106,11 @@ def test_native_probe_script_resolves_a_bare_command_with_path(tmp_path):
     assert json.loads(out.stdout)["python"] == str(bindir / "python")
     assert v.engine_versions(None, [result], [])["a"]["version"] == "0.20.1"
     missing = subprocess.run(
-        [sys.executable, "-c", v.native_probe_script(), "/nope/bin/python", v.PROBE], capture_output=True, text=True
-    )
-    verdict = v.engine_versions(None, [{"item": {"word": "/nope/bin/python", "engines": ["b"]}, "stdout": missing.stdout}], [])
+        [sys.executable, "-c", v.native_probe_script(), "/nope/bin/python", v.PROBE],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    result = {"item": {"word": "/nope/bin/python", "engines": ["b"]}, "stdout": missing.stdout}
+    verdict = v.engine_versions(None, [result], [])
     assert "no python at /nope/bin/python" in verdict["b"]["errors"][0]
 
 
