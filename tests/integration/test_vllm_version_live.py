@@ -90,8 +90,8 @@ def images(tmp_path_factory):
             check=True, timeout=600,
         )  # fmt: skip
         (work / "ctx" / "Dockerfile").write_text(
-            "FROM %s\nCOPY venv /opt/vllm\nENV PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
-            % IMAGE
+            "FROM %s\nCOPY venv /opt/vllm\n"
+            "ENV PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n" % IMAGE
         )
         build = _docker("build", "-q", "-t", OLD_IMAGE, str(work / "ctx"), timeout=900)
         assert build.returncode == 0, build.stderr
