@@ -612,6 +612,29 @@ def test_node_files_arranges_every_file():
     assert not [f for f in none["files"] if "watchdog" in f["path"]]
 
 
+def test_a_container_engines_secrets_file_is_a_0600_secret_file_and_restarts_it():
+    """Issue 19 item 6: <name>.container.env goes with the secret files (0600, never shown) and a
+    change of it alone restarts the engine."""
+    rendered = {"drop_in": "D-c", "env": "SECRET-c", "container_env": "C='SECRET'\n"}
+    renders = [
+        {"item": {"name": "c"}, "ansible_facts": {"__vllm_service_rendered": rendered}},
+        {"item": {"name": "n"}, "ansible_facts": {"__vllm_service_rendered": dict(rendered, container_env="")}},
+    ]
+    out = vs.node_files(renders, [], [], PATHS)
+    assert [(f["path"], f["mode"]) for f in out["secret_files"]] == [
+        ("/etc/uma-vllm/engines/c.env", "0600"),
+        ("/etc/uma-vllm/engines/c.container.env", "0600"),
+        ("/etc/uma-vllm/engines/n.env", "0600"),
+    ]
+    assert all("SECRET" not in f["content"] for f in out["files"])
+    engines = [one("ai1", name="c")]
+    result = _written(c=[(False, "d"), (False, "e"), (False, "j")])
+    assert vs.files_state(engines, result, PATHS)["written"] == []
+    result["files"]["/etc/uma-vllm/engines/c.container.env"] = {"changed": True, "checksum": "x"}
+    state = vs.files_state(engines, result, PATHS)
+    assert state["written"] == ["c"] and state["fingerprints"]["c"] == "u/d/e/j"  # fingerprint unchanged
+
+
 def test_with_peers_restarts_every_rank():
     mine = [
         one("ai2", name="tp", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2}),
