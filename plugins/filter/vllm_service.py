@@ -19,6 +19,7 @@ from ansible.plugins.filter.core import to_nice_json
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
 
 
@@ -56,6 +57,13 @@ status_entry = as_filter(state.status_entry)
 changed = as_filter(state.changed)
 with_peers = as_filter(state.with_peers)
 unit_actions = as_filter(state.unit_actions)
+shell_env = as_filter(model.shell_env)
+
+
+def version_scripts(_unused: Any = None) -> Any:
+    """The probes' texts: ``probe`` (run by the image's or venv's python), ``native`` (run by
+    the node's python with the venv python or command word and ``probe`` as arguments)."""
+    return {"probe": version.PROBE, "native": version.native_probe_script()}
 
 
 def node_files(renders: Any, launch_files: Any, watchdogs: Any, paths: Any) -> Any:
@@ -88,4 +96,15 @@ class FilterModule:
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
             "vllm_service_unit_actions": unit_actions,
+            "vllm_service_shell_env": shell_env,
+            "vllm_service_version_scripts": version_scripts,
+            "vllm_service_version_probes": version.probes,
+            "vllm_service_version_probe_argv": version.probe_argv,
+            "vllm_service_version_cache": version.cache_entries,
+            "vllm_service_version_cache_update": version.cache_update,
+            "vllm_service_image_versions": version.image_versions,
+            "vllm_service_engine_versions": version.engine_versions,
+            "vllm_service_images_arch_errors": version.images_arch_errors,
+            "vllm_service_images_to_probe": version.to_probe,
+            "vllm_service_version_settings_errors": version.settings_errors,
         }

@@ -40,6 +40,12 @@ DEFAULT_MASTER_PORT = 29501
 DEFAULT_RAY_PORT = 6379
 # The launchers' rank link (plugins/module_utils/_ranks.py) listens on rank 0 at master_port + this.
 LINK_PORT_OFFSET = 10
+# Issue 19 item 6: a container engine's secrets are not `-e NAME` (docker/podman inspect shows
+# Config.Env): the container reads them from its 0600 file, bind-mounted read-only here, and a
+# /bin/sh entrypoint exports them before it execs the engine.
+SECRETS_IN_CONTAINER = "/run/uma-vllm/secrets.env"
+SOURCE_SECRETS = "set -a; . %s; set +a; " % SECRETS_IN_CONTAINER
+DEFAULT_SECRETS_DIR = "/etc/uma-vllm/engines"
 
 
 def _err(option: str, value: Any, problem: str, fix: str) -> str:
@@ -500,10 +506,35 @@ def container_name(name: str) -> str:
     return CONTAINER_PREFIX + name
 
 
+def container_secrets_file(settings: Dict[str, Any], name: str) -> str:
+    """The host path of a container engine's secrets (POSIX sh assignments, 0600 root)."""
+    return "%s/%s.container.env" % (settings.get("secrets_dir") or DEFAULT_SECRETS_DIR, name)
+
+
+def shell_env(secrets: Dict[str, Any]) -> str:
+    """The container's secrets file: ``NAME='value'`` lines that ``sh`` sources literally (no
+    expansion of ``$``, backquotes or backslashes in single quotes)."""
+    lines = []
+    for key in sorted(secrets):
+        if not ENV_RE.match(str(key)):
+            raise EngineModelError(
+                _err("secrets", key, "is not an environment variable name", "Use letters, digits and '_'.")
+            )
+        lines.append("%s=%s" % (key, shlex.quote(str(secrets[key]))))
+    return "".join(line + "\n" for line in lines)
+
+
 def container_prefix(
-    settings: Dict[str, Any], name: str, model_path: str, env_names: List[str], image: str, entrypoint: Optional[str]
+    settings: Dict[str, Any],
+    name: str,
+    model_path: str,
+    env_names: List[str],
+    image: str,
+    entrypoint: Optional[str],
+    secrets_file: Optional[str] = None,
 ) -> List[str]:
-    """``docker run`` / ``podman run`` up to and including the image."""
+    """``docker run`` / ``podman run`` up to and including the image. ``secrets_file``: the
+    host file mounted read-only at SECRETS_IN_CONTAINER (the entrypoint must source it)."""
     kind = settings.get("container_engine") or "docker"
     argv = [
         settings.get("container_bin") or "/usr/bin/%s" % kind,
@@ -516,6 +547,8 @@ def container_prefix(
     argv += ["-v", "%s:%s:ro" % (model_path, model_path)]
     if settings.get("hf_cache"):
         argv += ["-v", "%s:%s" % (settings["hf_cache"], HF_CACHE_IN_CONTAINER)]
+    if secrets_file:
+        argv += ["-v", "%s:%s:ro" % (secrets_file, SECRETS_IN_CONTAINER)]
     for key in sorted(env_names):
         argv += ["-e", key]  # the value comes from the launcher's environment, never the command line
     if settings.get("oom_score_adj") not in (None, ""):
@@ -558,15 +591,30 @@ def engine_command(
     runtime = engine.get("runtime") or settings["runtime"]
     if runtime == "container":
         image = engine.get("image") or settings["image"]
-        prefix = container_prefix(
-            settings, engine["name"], engine["model_path"], env_names, image, "/bin/sh" if script else None
-        )
+        ray = bool(script)
+        secret_names = set(engine.get("secret_names") or [])
+        secrets_file = container_secrets_file(settings, engine["name"]) if secret_names else None
         if script:
-            command = [*prefix, "-c", script, *(["vllm", "serve"] if not worker else ["sh"])]
+            # a Ray rank's script: "$0" "$@" is `vllm serve` (the head) or nothing (a worker)
+            words = ["vllm", "serve"] if not worker else ["sh"]
+        elif secrets_file:
+            # the wrapper replaces the image's entrypoint, so the command is explicit (vllm/vllm-openai's
+            # entrypoint is `vllm serve`); sh -c SCRIPT sh WORDS...: the launcher appends the model
+            script = 'exec "$@"'
+            words = ["sh", *(_container_command(settings, engine, image) or ["vllm", "serve"])]
+        if secrets_file:
+            script = SOURCE_SECRETS + script
+        env_only = [key for key in env_names if key not in secret_names]
+        prefix = container_prefix(
+            settings, engine["name"], engine["model_path"], env_only, image, "/bin/sh" if script else None,
+            secrets_file,
+        )  # fmt: skip
+        if script:
+            command = [*prefix, "-c", script, *words]
         else:
             command = prefix + _container_command(settings, engine, image)
         # `vllm serve MODEL` in the image unless the engine's command wants e.g. --model
-        model_flag = engine.get("model_flag") if engine.get("model_flag") is not None and not script else ""
+        model_flag = engine.get("model_flag") if engine.get("model_flag") is not None and not ray else ""
         return command, model_flag
     native = list(engine.get("command") or settings.get("native_command") or [])
     model_flag = engine.get("model_flag")

@@ -36,6 +36,8 @@ def engine_paths(paths: Dict[str, Any], name: str) -> Dict[str, str]:
     return {
         "drop_in": drop_in_dir(paths, name) + "/10-uma-vllm.conf",
         "env": "%s/%s.env" % (paths["engines_dir"], name),
+        # a container engine's secrets as sh assignments, mounted read-only into its container
+        "container_env": "%s/%s.container.env" % (paths["engines_dir"], name),
         "config": "%s/%s.json" % (paths["engines_dir"], name),
         "watchdog": "%s/%s.json" % (paths["watchdog_dir"], name),
     }
@@ -69,6 +71,8 @@ def node_files(
         where = engine_paths(paths, name)
         files.append({"path": where["drop_in"], "mode": "0644", "content": text["drop_in"]})
         secret_files.append({"path": where["env"], "mode": "0600", "content": text["env"]})
+        if text.get("container_env"):
+            secret_files.append({"path": where["container_env"], "mode": "0600", "content": text["container_env"]})
     files.extend(launch_files)
     if watchdogs:
         directories.extend(_dirs([paths["watchdog_dir"]]))
@@ -99,7 +103,7 @@ def files_state(engines: List[Dict[str, Any]], result: Dict[str, Any], paths: Di
         where = engine_paths(paths, name)
         parts = [_entry(result, where[key]) for key in ("drop_in", "env", "config")]
         fingerprints[name] = "/".join(str(p) for p in [unit.get("checksum")] + [e.get("checksum") for e in parts])
-        if any(e.get("changed") for e in parts):
+        if any(e.get("changed") for e in parts) or _entry(result, where["container_env"]).get("changed"):
             written.append(name)
         drop_in_changed = drop_in_changed or bool(parts[0].get("changed"))
         if watchdog_unit.get("changed") or _entry(result, where["watchdog"]).get("changed"):

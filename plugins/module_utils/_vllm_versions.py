@@ -49,13 +49,8 @@ def parse_version(option: str, text: Any) -> Version:
             "is older than the oldest vLLM this planner models (0.5.0)",
             "Upgrade vLLM to 0.5.0 or later (0.8.0+ for the V1 engine).",
         )
-    if version[0] != 0:
-        raise UmaError(
-            option,
-            text,
-            "is a vLLM major release this planner has not been checked against",
-            "Use a 0.x release or extend plugins/module_utils/_vllm_versions.py.",
-        )
+    # a later major release (1.x) is newer than NEWEST_KNOWN: planned with the newest rows and a
+    # warning (_vllm_plan_inputs._resolve_version), like a later 0.x
     return version
 
 

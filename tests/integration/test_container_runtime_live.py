@@ -4,11 +4,13 @@ would start it, runs the real vLLM CPU engine in a container on this machine's d
 
 The lab image stands in for the vLLM image (its venv mounted at /opt/vllm, no GPU: --gpus is
 left out); everything else is the role's rendering: host network and IPC, the model mounted
-read-only at its own path, the Hugging Face cache volume, secrets passed by name (``-e NAME``)
-from the launcher's environment (what systemd's EnvironmentFile provides), ``--rm`` and the
-container name the unit's ExecStopPost removes. Proven: the engine becomes healthy, the API
-key from the environment guards the API, SIGTERM to the launcher stops the container and
-leaves none behind.
+read-only at its own path, the Hugging Face cache volume, the secrets read by the container from
+their 0600 file mounted read-only (issue 19 item 6: the role's ``<name>.container.env``, sourced
+by the ``/bin/sh`` entrypoint wrapper), ``--rm`` and the container name the unit's ExecStopPost
+removes. Proven: the engine becomes healthy, the API key from the file guards the API,
+``docker inspect`` of the running container shows no secret value while the engine process in
+it has the key in its environment, SIGTERM to the launcher stops the container and leaves none
+behind.
 """
 
 from __future__ import annotations
@@ -86,7 +88,14 @@ def launched(tmp_path_factory):
         "runtime": "container", "container_engine": "docker", "container_bin": shutil.which("docker"),
         "image": IMAGE, "container_gpus": "", "hf_cache": str(work / "hf-cache"),
         "container_options": ["--shm-size", "1g", "-v", "%s:/opt/vllm:ro" % VENV],
+        "secrets_dir": str(work / "engines"),
     }  # fmt: skip
+    # what the role's node_files task writes (0600 root): the container's secrets file
+    (work / "engines").mkdir()
+    secrets_file = work / "engines" / ("%s.container.env" % name)
+    fd = os.open(str(secrets_file), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(vs.shell_env({"VLLM_API_KEY": API_KEY}))
     plan = plan_mod.plan(
         {"model_path": model, "total_memory_gib": 23.0, "reserve_gib": 4.0, "env": engine["env"], **engine["plan"]}
     )
@@ -98,7 +107,7 @@ def launched(tmp_path_factory):
         "state_dir": str(work / "state"), "python": sys.executable, "health_timeout_s": 900,
     }  # fmt: skip
     (work / "engine.json").write_text(json.dumps(launcher_config))
-    env = dict(os.environ, VLLM_API_KEY=API_KEY)  # systemd's EnvironmentFile
+    env = dict(os.environ, VLLM_API_KEY=API_KEY)  # systemd's EnvironmentFile (the launcher keeps it)
     log = open(work / "launcher.log", "w")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "plugins" / "module_utils" / "uma_launch.py"), "--engine", name,
@@ -127,7 +136,29 @@ def test_the_rendered_docker_run_serves(launched):
     assert _status(config["health_url"]) == 200, _log(launched)
     assert _containers(vs.container_name(launched["name"])).startswith(vs.container_name(launched["name"]) + " Up")
     command = config["command"]
-    assert API_KEY not in json.dumps(command) and command[command.index("VLLM_API_KEY") - 1] == "-e"
+    assert API_KEY not in json.dumps(command) and "VLLM_API_KEY" not in command
+    mode = os.stat(launched["work"] / "engines" / ("%s.container.env" % launched["name"])).st_mode & 0o777
+    assert mode == 0o600
+
+
+def test_docker_inspect_shows_no_secret_but_the_engine_has_it(launched):
+    """Issue 19 item 6: Config.Env (and everything else docker inspect shows) carries no secret value."""
+    container = vs.container_name(launched["name"])
+    inspect = subprocess.run(["docker", "inspect", container], check=True, capture_output=True, text=True).stdout
+    assert json.loads(inspect)[0]["State"]["Running"] is True
+    assert API_KEY not in inspect
+    assert "/run/uma-vllm/secrets.env" in inspect  # the file is mounted (read-only) ...
+    mounts = {m["Destination"]: m for m in json.loads(inspect)[0]["Mounts"]}
+    assert mounts["/run/uma-vllm/secrets.env"]["RW"] is False
+    # ... and the engine process (PID 1 of the container: sh exec'd into it) has the key
+    environ = subprocess.run(
+        ["docker", "exec", container, "cat", "/proc/1/environ"], check=True, capture_output=True
+    ).stdout.decode(errors="replace")
+    assert "VLLM_API_KEY=%s" % API_KEY in environ.split("\0")
+    cmdline = subprocess.run(
+        ["docker", "exec", container, "cat", "/proc/1/cmdline"], check=True, capture_output=True
+    ).stdout.decode(errors="replace")
+    assert "vllm.entrypoints.openai.api_server" in cmdline and API_KEY not in cmdline
 
 
 def test_the_secret_from_the_environment_guards_the_api(launched):

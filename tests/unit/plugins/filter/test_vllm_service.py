@@ -240,9 +240,11 @@ def test_health_url_follows_the_api_host(host, url):
     assert vs.launch_config(one("ai1", host=host), plan(), NATIVE, {})["health_url"] == url
 
 
-def test_docker_command_passes_secrets_by_name_only():
+def test_docker_command_reads_secrets_from_the_mounted_file_not_env():
+    """Issue 19 item 6: no `-e SECRET` (docker inspect shows Config.Env); the 0600 file is mounted
+    read-only and the /bin/sh entrypoint exports it before it execs the engine."""
     e = one("ai1", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, secrets={"HF_TOKEN": "hf_x", "VLLM_API_KEY": "k"})
-    config = vs.launch_config(e, plan(["--x"], env=e["env"]), DOCKER, {})
+    config = vs.launch_config(e, plan(["--x"], env=e["env"]), dict(DOCKER, secrets_dir="/etc/uma-vllm/engines"), {})
     assert config["command"] == [
         "/usr/bin/docker",
         "run",
@@ -259,20 +261,82 @@ def test_docker_command_passes_secrets_by_name_only():
         "/models/tiny:/models/tiny:ro",
         "-v",
         "/root/.cache/huggingface:/root/.cache/huggingface",
-        "-e",
-        "HF_TOKEN",
-        "-e",
-        "VLLM_API_KEY",
+        "-v",
+        "/etc/uma-vllm/engines/e.container.env:/run/uma-vllm/secrets.env:ro",
         "-e",
         "VLLM_CPU_KVCACHE_SPACE",
         "--ulimit",
         "memlock=-1",
+        "--entrypoint",
+        "/bin/sh",
         "nvcr.io/nvidia/vllm:26.02-py3",
+        "-c",
+        'set -a; . /run/uma-vllm/secrets.env; set +a; exec "$@"',
+        "sh",
         "vllm",
         "serve",
     ]
     assert config["model_flag"] == "" and config["args"] == ["--x"]
-    assert "hf_x" not in json.dumps(config)
+    assert "hf_x" not in json.dumps(config) and "HF_TOKEN" not in config["command"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "engine_kw", "words", "model_flag"),
+    [
+        # vllm/vllm-openai's entrypoint is `vllm serve`: the wrapper replaces it, so it is explicit
+        (dict(DOCKER, image="vllm/vllm-openai:v0.32.0"), {}, ["vllm", "serve"], ""),
+        (dict(DOCKER, container_engine="podman", container_bin="/usr/bin/podman"), {}, ["vllm", "serve"], ""),
+        (
+            DOCKER,
+            {"command": ["python3", "-m", "vllm.entrypoints.openai.api_server"], "model_flag": "--model"},
+            ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+            "--model",
+        ),
+    ],
+)
+def test_secret_wrapper_keeps_the_engine_command(settings, engine_kw, words, model_flag):
+    config = vs.launch_config(one("ai1", secrets={"HF_TOKEN": "t"}, **engine_kw), plan(), settings, {})
+    command = config["command"]
+    image = settings["image"]
+    assert command[command.index(image) - 2 : command.index(image)] == ["--entrypoint", "/bin/sh"]
+    assert command[command.index(image) + 3 :] == ["sh", *words]
+    assert "/etc/uma-vllm/engines/e.container.env:/run/uma-vllm/secrets.env:ro" in command
+    assert config["model_flag"] == model_flag
+    # the wrapper really runs the engine's words with the launcher's model and args appended
+    script = command[command.index(image) + 2]
+    out = subprocess.run(
+        ["/bin/sh", "-c", script.replace("/run/uma-vllm/secrets.env", "/dev/null"), "sh", "echo", "a b", "c"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout == "a b c\n"
+
+
+def test_no_secrets_no_wrapper():
+    command = vs.launch_config(one("ai1"), plan(), DOCKER, {})["command"]
+    assert "--entrypoint" not in command and not any("secrets.env" in w for w in command)
+
+
+def test_ray_head_with_secrets_sources_them_before_ray():
+    e = one("ai1", nodes=["ai1", "ai2"], backend="ray", plan={"tensor_parallel_size": 2}, secrets={"HF_TOKEN": "t"})
+    command = vs.launch_config(e, plan(MP_TAIL), DOCKER, ADDRS)["command"]
+    script = command[command.index("-c") + 1]
+    assert script.startswith("set -a; . /run/uma-vllm/secrets.env; set +a; ray start --head")
+    assert command[command.index("-c") + 2 :] == ["vllm", "serve"]
+
+
+def test_shell_env_is_sourced_literally(tmp_path):
+    """The container's secrets file: sh gets each value back byte for byte (no $, `, \\ expansion)."""
+    secrets = {"A": "plain", "B": 'it\'s $HOME `id` \\n "q"', "C": "line1\nline2"}
+    path = tmp_path / "s.env"
+    path.write_text(vs.shell_env(secrets))
+    out = subprocess.run(
+        ["/bin/sh", "-c", 'set -a; . "$1"; set +a; exec env -0', "sh", str(path)],
+        capture_output=True, check=True, env={"PATH": os.environ["PATH"]},
+    )  # fmt: skip
+    env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    assert {k: env[k] for k in secrets} == secrets
+    with pytest.raises(Exception, match="not an environment variable name"):
+        vs.shell_env({"BAD-NAME": "x"})
 
 
 def test_container_engine_command_may_take_the_model_by_flag():
@@ -552,6 +616,29 @@ def test_node_files_arranges_every_file():
     none = vs.node_files(renders[:1], [], [], PATHS)  # no watchdogs: neither their dir nor their unit
     assert "/etc/uma-vllm/watchdog" not in [d["path"] for d in none["directories"]]
     assert not [f for f in none["files"] if "watchdog" in f["path"]]
+
+
+def test_a_container_engines_secrets_file_is_a_0600_secret_file_and_restarts_it():
+    """Issue 19 item 6: <name>.container.env goes with the secret files (0600, never shown) and a
+    change of it alone restarts the engine."""
+    rendered = {"drop_in": "D-c", "env": "SECRET-c", "container_env": "C='SECRET'\n"}
+    renders = [
+        {"item": {"name": "c"}, "ansible_facts": {"__vllm_service_rendered": rendered}},
+        {"item": {"name": "n"}, "ansible_facts": {"__vllm_service_rendered": dict(rendered, container_env="")}},
+    ]
+    out = vs.node_files(renders, [], [], PATHS)
+    assert [(f["path"], f["mode"]) for f in out["secret_files"]] == [
+        ("/etc/uma-vllm/engines/c.env", "0600"),
+        ("/etc/uma-vllm/engines/c.container.env", "0600"),
+        ("/etc/uma-vllm/engines/n.env", "0600"),
+    ]
+    assert all("SECRET" not in f["content"] for f in out["files"])
+    engines = [one("ai1", name="c")]
+    result = _written(c=[(False, "d"), (False, "e"), (False, "j")])
+    assert vs.files_state(engines, result, PATHS)["written"] == []
+    result["files"]["/etc/uma-vllm/engines/c.container.env"] = {"changed": True, "checksum": "x"}
+    state = vs.files_state(engines, result, PATHS)
+    assert state["written"] == ["c"] and state["fingerprints"]["c"] == "u/d/e/j"  # fingerprint unchanged
 
 
 def test_with_peers_restarts_every_rank():

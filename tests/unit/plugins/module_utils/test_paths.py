@@ -36,7 +36,6 @@ ROLE_DEFAULTS = {
         "vllm_service_config_dir": _paths.CONFIG_DIR,
         "vllm_service_state_dir": _paths.STATE_DIR,
         "vllm_service_python": _paths.PYTHON,
-        "vllm_service_vllm_version": _paths.VLLM_VERSION,
     },
 }
 # A uma-vllm directory spelled anywhere (also misspelt: uma_vllm, umavllm).
@@ -85,6 +84,17 @@ def test_role_defaults_and_argument_specs_agree_with_the_constants(role):
                 "%s: %s default %r, _paths says %r" % (os.path.relpath(specs_file, ROOT), var, spec_default, want)
             )
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_default_image_is_the_pinned_vllm_release():
+    """vllm_service_vllm_version is unset (read from the image or venv, issue 19 item 4); the
+    default image's tag is the pinned release."""
+    role = os.path.join(ROOT, "roles", "vllm_service")
+    defaults = load(os.path.join(role, "defaults", "main.yml"))
+    options = load(os.path.join(role, "meta", "argument_specs.yml"))["argument_specs"]["main"]["options"]
+    assert defaults["vllm_service_vllm_version"] is None and "default" not in options["vllm_service_vllm_version"]
+    assert "default('%s', true)" % _paths.VLLM_VERSION in defaults["vllm_service_image"]
+    assert options["vllm_service_image"]["default"] == "vllm/vllm-openai:v" + _paths.VLLM_VERSION
 
 
 def test_every_uma_vllm_directory_in_the_roles_is_one_of_the_constants():
