@@ -16,6 +16,8 @@
 #                      loads the engine image into each node; inventories/lab/runtime-container.yml).
 #                      Nodes of the other runtime are replaced. The default stays native: the
 #                      container runtime costs a 3.9 GB image, loaded into each node's Docker.
+#   UMA_LAB_PREFIX=x-  name the node containers x-ai1, x-ai2 (a second lab on the same machine)
+#   UMA_LAB_SETUP=0    skip tests/setup.sh (a machine that is set up)
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
 # On a fresh machine it first runs tests/setup.sh (apt, docker engine, .venv, the collection
@@ -52,7 +54,7 @@ export ANSIBLE_CONFIG="$root/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$root/.cache
 log() { printf '[lab] %s\n' "$*" >&2; }
 
 case "${1:-}" in
-  --help|-h) sed -n '2,23p' "$0"; exit 0 ;;
+  --help|-h) sed -n '2,24p' "$0"; exit 0 ;;
   --down) ;;
   # UMA_LAB_SETUP=0: the machine is set up already (CI, shared checkouts): skip tests/setup.sh
   *) [ "${UMA_LAB_SETUP:-1}" = 0 ] || bash tests/setup.sh ;;
@@ -90,8 +92,9 @@ start_node() {
   [ "$node" = ai1 ] || cmd=(/bin/sh -c 'mount -o remount,rw /sys && exec /lib/systemd/systemd')
   if [ "$runtime" = container ]; then
     # Docker inside the node (lab/build-engine-image.sh says why these two), its images and
-    # layers on a volume of this machine's disk (not the node's own overlay
-    # root, which would nest overlayfs); the volume keeps the loaded engine image across lab/up.sh --down.
+    # layers on a volume of this machine's disk: on the node's own overlay root overlay2 fails
+    # and Docker falls back to vfs (a full image copy per container). The volume keeps the
+    # loaded engine image across lab/up.sh --down.
     opts=(--cap-add NET_ADMIN --security-opt seccomp=unconfined -v "${prefix}uma-lab-$node-docker:/var/lib/docker")
   fi
   docker run -d --name "$name" --hostname "$node" --label "uma.lab.runtime=$runtime" \
