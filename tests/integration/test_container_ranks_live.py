@@ -69,7 +69,7 @@ def test_a_dead_vllm_process_inside_the_container_is_seen(client):
     # the client the launcher started has no VLLM:: process below it: the old watch saw nothing
     assert _ranks.vllm_processes(client.pid, "/proc") == {}
     assert _ranks.gone(watched, "/proc") == []
-    (pid,) = watched
+    pid = next(iter(watched))
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and not _ranks.gone(watched, "/proc"):
