@@ -65,8 +65,13 @@ if [ ! -x "$root/.venv/bin/ansible-playbook" ] || ! docker info >/dev/null 2>&1;
 fi
 
 running() { [ "$(docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null || true)" = true ]; }
-# The runtime a running node was started for (a label of the node container).
-node_runtime() { docker inspect -f '{{ index .Config.Labels "uma.lab.runtime" }}' "$1" 2>/dev/null || true; }
+# The runtime a running node was started for (a label of the node container; none: a node of
+# an older lab/up.sh, which ran only the native runtime).
+node_runtime() {
+  local have
+  have=$(docker inspect -f '{{ index .Config.Labels "uma.lab.runtime" }}' "$1" 2>/dev/null || true)
+  case "$have" in ""|"<no value>") echo native ;; *) echo "$have" ;; esac
+}
 
 down() {
   local up=()
