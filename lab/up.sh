@@ -9,6 +9,15 @@
 #                      planned budget, each rank's /health and one completion. Re-running changes nothing.
 #   lab/up.sh --down   playbooks/restore.yml (engines, launcher, sysctls: the shared kernel gets
 #                      its own vm.* values back), then remove the containers.
+#   lab/up.sh --runtime container
+#                      the same engine with vllm_service_runtime: container (the role's default):
+#                      each node runs a Docker engine (uma-lab/node-docker:bookworm) and each rank
+#                      a container of uma-lab/vllm-cpu (lab/build-engine-image.sh builds both and
+#                      loads the engine image into each node; inventories/lab/runtime-container.yml).
+#                      Nodes of the other runtime are replaced. The default stays native: the
+#                      container runtime costs a 3.9 GB image, loaded into each node's Docker.
+#   UMA_LAB_PREFIX=x-  name the node containers x-ai1, x-ai2 (a second lab on the same machine)
+#   UMA_LAB_SETUP=0    skip tests/setup.sh (a machine that is set up)
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
 # On a fresh machine it first runs tests/setup.sh (apt, docker engine, .venv, the collection
@@ -19,15 +28,36 @@ root=$(cd "$here/.." && pwd)
 cd "$root"
 image="${UMA_LAB_IMAGE:-uma-lab/node:bookworm}"
 cache="$root/.cache/lab"
+runtime=native
+if [ "${1:-}" = --runtime ]; then
+  case "${2:-}" in
+    native|container) runtime=$2 ;;
+    *) echo "up.sh: --runtime takes native or container, not '${2:-}'" >&2; exit 2 ;;
+  esac
+  shift 2
+fi
+extra=()
+if [ "$runtime" = container ]; then
+  image="${UMA_LAB_NODE_DOCKER_IMAGE:-uma-lab/node-docker:bookworm}"
+  extra=(-e @inventories/lab/runtime-container.yml)
+fi
 nodes=(ai1 ai2)
+# UMA_LAB_PREFIX: run the lab's node containers (and their volumes) as PREFIXai1, PREFIXai2, so a
+# second lab on the same machine does not take the first one's names.
+prefix="${UMA_LAB_PREFIX:-}"
+if [ -n "$prefix" ]; then
+  # shellcheck disable=SC2016  # templated by Ansible per host
+  extra+=(-e '{"ansible_host": "'"$prefix"'{{ inventory_hostname }}"}')
+fi
 export PATH="$root/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$root/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$root/.cache/collections"
 log() { printf '[lab] %s\n' "$*" >&2; }
 
 case "${1:-}" in
-  --help|-h) sed -n '2,16p' "$0"; exit 0 ;;
+  --help|-h) sed -n '2,24p' "$0"; exit 0 ;;
   --down) ;;
-  *) bash tests/setup.sh ;;
+  # UMA_LAB_SETUP=0: the machine is set up already (CI, shared checkouts): skip tests/setup.sh
+  *) [ "${UMA_LAB_SETUP:-1}" = 0 ] || bash tests/setup.sh ;;
 esac
 if [ ! -x "$root/.venv/bin/ansible-playbook" ] || ! docker info >/dev/null 2>&1; then
   echo "up.sh: no .venv or no docker engine: run 'bash tests/setup.sh' and see its errors" >&2
@@ -35,42 +65,56 @@ if [ ! -x "$root/.venv/bin/ansible-playbook" ] || ! docker info >/dev/null 2>&1;
 fi
 
 running() { [ "$(docker inspect -f '{{.State.Running}}' "$1" 2>/dev/null || true)" = true ]; }
+# The runtime a running node was started for (a label of the node container; none: a node of
+# an older lab/up.sh, which ran only the native runtime).
+node_runtime() {
+  local have
+  have=$(docker inspect -f '{{ index .Config.Labels "uma.lab.runtime" }}' "$1" 2>/dev/null || true)
+  case "$have" in ""|"<no value>") echo native ;; *) echo "$have" ;; esac
+}
 
 down() {
   local up=()
-  for node in "${nodes[@]}"; do running "$node" && up+=("$node"); done
+  for node in "${nodes[@]}"; do running "$prefix$node" && up+=("$node"); done
   if [ "${#up[@]}" -gt 0 ]; then
     log "restoring ${up[*]} (playbooks/restore.yml)"
-    ansible-playbook -i inventories/lab playbooks/restore.yml --limit "$(IFS=,; echo "${up[*]}")"
+    ansible-playbook -i inventories/lab playbooks/restore.yml "${extra[@]}" --limit "$(IFS=,; echo "${up[*]}")"
   fi
-  for node in "${nodes[@]}"; do docker rm -f "$node" >/dev/null 2>&1 || true; done
+  for node in "${nodes[@]}"; do docker rm -f "$prefix$node" >/dev/null 2>&1 || true; done
   log "lab removed"
 }
 
 start_node() {
-  local node=$1
-  if running "$node"; then
-    log "$node is running"
+  local node=$1 name=$prefix$1
+  if running "$name"; then
+    log "$name is running ($runtime runtime)"
     return
   fi
-  docker rm -f "$node" >/dev/null 2>&1 || true
+  docker rm -f "$name" >/dev/null 2>&1 || true
   # ai1 owns the shared kernel's live vm.* values (/proc/sys writable); ai2 only persists its
   # file (/proc/sys read-only), as in molecule/cluster.
-  local cmd=()
+  local cmd=() opts=(-v "$cache/vllm-venv:/opt/vllm:ro")
   [ "$node" = ai1 ] || cmd=(/bin/sh -c 'mount -o remount,rw /sys && exec /lib/systemd/systemd')
-  docker run -d --name "$node" --hostname "$node" \
+  if [ "$runtime" = container ]; then
+    # Docker inside the node (lab/build-engine-image.sh says why these two), its images and
+    # layers on a volume of this machine's disk: on the node's own overlay root overlay2 fails
+    # and Docker falls back to vfs (a full image copy per container). The volume keeps the
+    # loaded engine image across lab/up.sh --down.
+    opts=(--cap-add NET_ADMIN --security-opt seccomp=unconfined -v "${prefix}uma-lab-$node-docker:/var/lib/docker")
+  fi
+  docker run -d --name "$name" --hostname "$node" --label "uma.lab.runtime=$runtime" \
     --cap-add SYS_ADMIN --security-opt apparmor=unconfined --cgroupns host \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \
     --shm-size 1g --stop-signal SIGRTMIN+3 \
-    -v "$cache/vllm-venv:/opt/vllm:ro" -v "$cache/models:/models:ro" \
+    "${opts[@]}" -v "$cache/models:/models:ro" \
     "$image" "${cmd[@]}" >/dev/null
-  log "$node started"
+  log "$name started ($runtime runtime)"
 }
 
 summary() {
   for node in "${nodes[@]}"; do
     printf '\n===== %s =====\n' "$node"
-    docker exec -i "$node" python3 - <<'PY'
+    docker exec -i "$prefix$node" python3 - <<'PY'
 import glob, json, shlex, subprocess, urllib.request
 
 def api_key(name):
@@ -128,13 +172,26 @@ if [ ! -f "$cache/models/tiny-1g/config.json" ]; then
   log "writing the tiny Llama model (.cache/lab/models/tiny-1g, 4 shards, 1 GiB)"
   python lab/make_model.py --out "$cache/models/tiny-1g" --shards 4 --pad-gib 1
 fi
+# Nodes started for the other runtime are restored and replaced.
+for node in "${nodes[@]}"; do
+  if running "$prefix$node" && [ "$(node_runtime "$prefix$node")" != "$runtime" ]; then
+    log "the lab runs the other runtime: replacing it"
+    down
+    break
+  fi
+done
 for node in "${nodes[@]}"; do start_node "$node"; done
 for node in "${nodes[@]}"; do
-  docker exec "$node" systemctl is-system-running --wait >/dev/null || true
+  docker exec "$prefix$node" systemctl is-system-running --wait >/dev/null || true
 done
+if [ "$runtime" = container ]; then
+  load=()
+  for node in "${nodes[@]}"; do load+=(--load "$prefix$node"); done
+  bash lab/build-engine-image.sh "${load[@]}"
+fi
 log "site.yml on ${nodes[*]} (the first run waits 2-4 min for the engines)"
 start=$SECONDS
-ansible-playbook -i inventories/lab site.yml "$@"
+ansible-playbook -i inventories/lab site.yml "${extra[@]}" "$@"
 log "site.yml took $((SECONDS - start)) s"
 summary
 log "lab up in ${SECONDS} s; the API (rank 0 on ai1): docker exec ai1 curl -s -H 'Authorization: Bearer uma-lab-key-not-secret' http://127.0.0.1:8100/v1/models"

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -378,8 +379,12 @@ class RankLink:
 # This node's rank processes
 
 
-def vllm_processes(root_pid: int, proc_root: str = "/proc") -> Dict[int, str]:
-    """{pid: name} of the ``VLLM::`` processes (EngineCore, Worker_TPn ...) below ``root_pid``."""
+def vllm_processes(
+    root_pid: int, proc_root: str = "/proc", argv: Any = None, runner: Optional[Callable[..., Any]] = None
+) -> Dict[int, str]:
+    """{pid: name} of the ``VLLM::`` processes (EngineCore, Worker_TPn ...) below ``root_pid``, the
+    engine's process; when its command ``argv`` runs a container, below the container's init."""
+    root_pid = container_root_pid(argv, runner) or root_pid
     children: Dict[int, List[int]] = {}
     names: Dict[int, str] = {}
     try:
@@ -410,6 +415,40 @@ def vllm_processes(root_pid: int, proc_root: str = "/proc") -> Dict[int, str]:
             out[pid] = names[pid]
         todo.extend(children.get(pid, []))
     return out
+
+
+CONTAINER_CLIENTS = ("docker", "podman")
+
+
+def container_root_pid(argv: Any, runner: Optional[Callable[..., Any]] = None) -> Optional[int]:
+    """The init process of the container that ``argv`` (``docker run ... --name NAME ...``) runs.
+
+    A container's processes descend from the container runtime, not from the client the
+    launcher started: the ``VLLM::`` processes of the container runtime are found below the
+    container's init process (``docker/podman inspect -f {{.State.Pid}} NAME``, a pid of this
+    node's pid namespace). None for any other command, or when the runtime does not say."""
+    words = [str(word) for word in argv] if isinstance(argv, (list, tuple)) else []
+    if len(words) < 2 or os.path.basename(words[0]) not in CONTAINER_CLIENTS or words[1] != "run":
+        return None
+    name = None
+    for index, word in enumerate(words[2:-1], start=2):
+        if word == "--name":
+            name = words[index + 1]
+            break
+        if word.startswith("--name="):
+            name = word.split("=", 1)[1]
+            break
+    if not name:
+        return None
+    try:
+        done = (runner or subprocess.run)([words[0], "inspect", "-f", "{{.State.Pid}}", name],
+                                          capture_output=True, text=True, timeout=15, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no client, or it hung: the runtime does not say
+        return None
+    out = (getattr(done, "stdout", "") or "").strip()
+    if getattr(done, "returncode", 1) != 0 or not out.isdigit() or int(out) <= 0:
+        return None
+    return int(out)
 
 
 def gone(watched: Dict[int, str], proc_root: str = "/proc") -> List[Tuple[int, str]]:

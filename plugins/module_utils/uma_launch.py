@@ -548,7 +548,7 @@ class Launch:
         """After the load: wait for the engine, the peers and this node's rank processes."""
         watched: Dict[int, str] = {}
         if self.config.get("watch_ranks") and self.engine is not None:
-            watched = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"])
+            watched = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
             self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched))
             self.write_record()  # the running engine's record says what is watched
         while self.engine is not None and self.engine.poll() is None:

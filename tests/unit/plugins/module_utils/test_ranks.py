@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -135,6 +136,86 @@ def test_vllm_processes_below_the_engine_only(tmp_path):
 
 def test_vllm_processes_of_a_missing_proc_root_is_empty(tmp_path):
     assert _ranks.vllm_processes(1, str(tmp_path / "nowhere")) == {}
+
+
+class Inspect:
+    """Stands in for the docker/podman client's ``inspect`` (no container engine in unit tests)."""
+
+    def __init__(self, out="4242\n", rc=0, raises=None):
+        self.out, self.rc, self.raises, self.calls = out, rc, raises, []
+
+    def __call__(self, argv, **kwargs):
+        self.calls.append(argv)
+        if self.raises is not None:
+            raise self.raises
+        return subprocess.CompletedProcess(argv, self.rc, self.out, "")
+
+
+DOCKER_RUN = ["/usr/bin/docker", "run", "--rm", "--name", "vllm-tp2", "--network", "host", "img:1", "vllm", "serve"]
+
+
+@pytest.mark.parametrize(
+    "argv, name",
+    [
+        (DOCKER_RUN, "vllm-tp2"),
+        (["podman", "run", "--name=vllm-x", "img", "vllm", "serve"], "vllm-x"),
+    ],
+)
+def test_container_root_pid_asks_the_runtime_for_the_containers_init(argv, name):
+    inspect = Inspect()
+    assert _ranks.container_root_pid(argv, inspect) == 4242
+    assert inspect.calls == [[argv[0], "inspect", "-f", "{{.State.Pid}}", name]]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        None,
+        [],
+        ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--name", "x"],  # native
+        ["/usr/bin/docker", "start", "--name", "x"],  # not `run`
+        ["/usr/bin/docker", "run", "--rm", "img"],  # no name to ask for
+        ["/usr/bin/docker", "run", "--name"],  # a name flag without a value
+    ],
+)
+def test_container_root_pid_of_other_commands_is_none(argv):
+    inspect = Inspect()
+    assert _ranks.container_root_pid(argv, inspect) is None
+    assert inspect.calls == []
+
+
+@pytest.mark.parametrize(
+    "inspect",
+    [
+        Inspect(out="", rc=1),  # no such container
+        Inspect(out="0\n"),  # docker says 0 for a stopped container
+        Inspect(out="<no value>\n"),
+        Inspect(raises=OSError(2, "No such file or directory")),
+        Inspect(raises=subprocess.TimeoutExpired(["docker"], 15)),
+    ],
+)
+def test_container_root_pid_is_none_when_the_runtime_does_not_say(inspect):
+    assert _ranks.container_root_pid(DOCKER_RUN, inspect) is None
+
+
+def test_vllm_processes_of_a_container_are_below_its_init_not_the_client(tmp_path):
+    """Regression (issue 19): the launcher's child is the docker client; the rank's VLLM::
+    processes descend from the container runtime (containerd-shim -> the container's init)."""
+    root = str(tmp_path)
+    write_stat(root, 10, "docker", 1)  # the launcher's engine process: the client
+    write_stat(root, 40, "containerd-shim", 1)
+    write_stat(root, 50, "python", 40)  # the container's init: vllm serve
+    write_stat(root, 51, "VLLM::EngineCor", 50)
+    write_stat(root, 52, "VLLM::Worker_TP", 51)
+    assert _ranks.vllm_processes(10, root) == {}  # the client has no VLLM:: children
+    inspect = Inspect(out="50\n")
+    watched = _ranks.vllm_processes(10, root, DOCKER_RUN, inspect)
+    assert watched == {51: "VLLM::EngineCor", 52: "VLLM::Worker_TP"}
+    os.remove(os.path.join(root, "52", "stat"))
+    os.rmdir(os.path.join(root, "52"))
+    assert _ranks.gone(watched, root) == [(52, "VLLM::Worker_TP")]
+    # the runtime does not answer: the client's own tree, as before
+    assert _ranks.vllm_processes(10, root, DOCKER_RUN, Inspect(rc=1, out="")) == {}
 
 
 # ---------------------------------------------------------------- the link over loopback
