@@ -119,7 +119,8 @@ def main(argv: list | None = None) -> int:
         )
     after = counters()
     delta = {k: after[k] - before[k] for k in COUNTERS if k != "bytes_in_use"}
-    print(f"end: {total >> 20} MiB in {len(maps)} allocations; counter deltas {delta}; bytes_in_use {after['bytes_in_use']}")
+    print(f"end: {total >> 20} MiB in {len(maps)} allocations; counter deltas {delta}")
+    print(f"bytes_in_use {after['bytes_in_use']}")
     if args.hold:
         time.sleep(args.hold)
     return status
