@@ -67,6 +67,7 @@ case "$model_gib" in
 esac
 
 pidfile="$cache/qemu.pid"
+holderfile="$cache/flock.pid"
 monitor="$cache/monitor.sock"
 key="$cache/id_ed25519"
 ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
@@ -213,7 +214,7 @@ cmd_up() {
   if [ "$accel" = kvm ]; then
     accel_args=(-accel kvm -cpu "host,-arch-capabilities")
   fi
-  rm -f "$pidfile" "$monitor" "$cache/console.log"
+  rm -f "$pidfile" "$monitor" "$holderfile" "$cache/console.log"
   log "starting QEMU ($accel, ${mem_mib} MiB, $cpus vCPUs) under flock $lock"
   local t0
   t0=$(date +%s)
@@ -227,27 +228,44 @@ cmd_up() {
     -netdev "user,id=n0,hostfwd=tcp:127.0.0.1:$port-:22" -device virtio-net-pci,netdev=n0 \
     -serial "file:$cache/console.log" -monitor "unix:$monitor,server,nowait" \
     -pidfile "$pidfile" </dev/null >"$cache/qemu.log" 2>&1 &
-  local holder=$! waited=0
+  local holder=$! booted=""
+  echo "$holder" >"$holderfile"
+  # Interrupted while waiting: leave nothing behind (a waiting flock included).
+  trap 'cmd_down; exit 130' INT TERM
   until ssh "${ssh_opts[@]}" root@127.0.0.1 true 2>/dev/null; do
     sleep 3
-    waited=$(($(date +%s) - t0))
     if ! kill -0 "$holder" 2>/dev/null; then
       cat "$cache/qemu.log" >&2
+      cmd_down
       die "QEMU exited; see $cache/console.log"
     fi
-    if [ "$waited" -ge "$boot_timeout" ]; then
+    if [ -z "$booted" ]; then
+      # Still waiting for the lock: the boot timeout starts with QEMU.
+      [ -f "$pidfile" ] || continue
+      booted=$(date +%s)
+      log "QEMU started after $((booted - t0))s waiting for $lock"
+    fi
+    if [ "$(($(date +%s) - booted))" -ge "$boot_timeout" ]; then
       tail -20 "$cache/console.log" >&2 || true
       cmd_down
       die "no ssh after ${boot_timeout}s (UMA_VM_BOOT_TIMEOUT); see $cache/console.log"
     fi
   done
-  log "ssh answered after $(($(date +%s) - t0))s (includes any wait for the lock): ssh on 127.0.0.1:$port"
+  trap - INT TERM
+  log "ssh answered $(($(date +%s) - ${booted:-$t0}))s after QEMU started: ssh on 127.0.0.1:$port"
   log "inventory: $cache/inventory.ini"
 }
 
 cmd_down() {
+  local holder
+  holder=$(cat "$holderfile" 2>/dev/null || true)
   if ! running; then
-    rm -f "$pidfile" "$monitor"
+    # An `up` interrupted while waiting for the lock leaves a waiting flock.
+    if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null; then
+      kill "$holder" 2>/dev/null || true
+      log "stopped the flock (pid $holder) still waiting for $lock"
+    fi
+    rm -f "$pidfile" "$monitor" "$holderfile"
     log "not running"
     return 0
   fi
@@ -265,7 +283,10 @@ cmd_down() {
   if kill -0 "$pid" 2>/dev/null; then
     kill -9 "$pid" 2>/dev/null || true
   fi
-  rm -f "$pidfile" "$monitor"
+  if [ -n "$holder" ] && kill -0 "$holder" 2>/dev/null; then
+    kill "$holder" 2>/dev/null || true
+  fi
+  rm -f "$pidfile" "$monitor" "$holderfile"
   log "stopped (pid $pid); disk images stay in $cache as a cache"
 }
 
