@@ -48,7 +48,6 @@ try:
         UmaError,
         node_write,
         node_write_json,
-        read_json,
         read_meminfo,
         read_state,
     )
@@ -63,7 +62,6 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
         UmaError,
         node_write,
         node_write_json,
-        read_json,
         read_meminfo,
         read_state,
     )
