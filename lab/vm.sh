@@ -18,8 +18,8 @@
 # pinned per rank (0.6). QEMU runs under TCG by default: on the build machines
 # KVM runs the guest kernel far slower than emulation (docs/VM-LAB.md).
 #
-# The QEMU process holds a lock (UMA_VM_LOCK, default /work/heavy.lock where
-# /work exists) for as long as it runs, so the VM counts as one heavy run.
+# The QEMU process holds a lock (UMA_VM_LOCK, default .cache/vm/vm.lock) for as
+# long as it runs; point UMA_VM_LOCK at a lock that other heavy jobs take too.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,13 +32,7 @@ model_gib="${UMA_VM_MODEL_GIB:-3.6}"
 model_shards="${UMA_VM_MODEL_SHARDS:-4}"
 accel="${UMA_VM_ACCEL:-tcg}"
 boot_timeout="${UMA_VM_BOOT_TIMEOUT:-600}"
-if [ -n "${UMA_VM_LOCK:-}" ]; then
-  lock="$UMA_VM_LOCK"
-elif [ -d /work ]; then
-  lock=/work/heavy.lock
-else
-  lock="$cache/vm.lock"
-fi
+lock="${UMA_VM_LOCK:-$cache/vm.lock}"
 kver=6.1.0-56-amd64
 kpkgver=6.1.192-2
 suite=bookworm
