@@ -105,10 +105,12 @@ def probe_completion(cfg: Dict[str, Any], model: Optional[str]) -> Dict[str, Any
     """A real 1-token completion within probe_timeout_s (the API key only in the header)."""
     if not model:
         return {"ok": False, "latency_s": None, "error": "no model id (GET /v1/models failed)"}
-    body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    status, text, latency, error = http(
-        cfg["base_url"] + "/v1/completions", cfg["probe_timeout_s"], body=body, headers=_auth(cfg)
-    )
+    # recognisable: vLLM takes X-Request-Id as its request id (its request log shows
+    # cmpl-uma-vllm-watchdog-...); its Prometheus metrics have no per-client label (_watchdog_counters)
+    body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0, "user": logic.counters.PROBE_USER}
+    headers = dict(_auth(cfg), **{"X-Request-Id": "%s-%s-%d" % (logic.counters.PROBE_USER, cfg["engine"], time.time_ns())})
+    status, text, latency, error = http(cfg["base_url"] + "/v1/completions", cfg["probe_timeout_s"], body=body,
+                                        headers=headers)  # fmt: skip
     if status == 200:
         try:
             if json.loads(text)["choices"]:

@@ -263,6 +263,7 @@ def config(tmp_path, node, engine_url, **over):
         "interval_s": 0.2,
         "health_timeout_s": 1.0,
         "probe_timeout_s": 1.0,
+        "probe_idle_s": 0.2,  # idle probe every tick here (default: after 60 s idle, once a minute)
         "fail_threshold": 2,
         "busy_stall_s": 30.0,
         "start_timeout_s": 20.0,
@@ -684,8 +685,8 @@ def free_port():
 def test_runs_standalone_and_refuses_bad_config_in_one_line(tmp_path, nodes, engine):
     lib = tmp_path / "lib"
     lib.mkdir()
-    for name in ("uma_watchdog.py", "_watchdog_logic.py", "_watchdog_probes.py", "uma_guard.py", "_common.py",
-                 "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py", "_guard_config.py", "_guard_memory.py",
+    for name in ("uma_watchdog.py", "_watchdog_counters.py", "_watchdog_logic.py", "_watchdog_probes.py", "uma_guard.py",
+                 "_common.py", "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py", "_guard_config.py", "_guard_memory.py",
                  "_guard_residency.py", "_guard_status.py", "_guard_sweeper.py", "_guard_watch.py", "_paths.py",
                  "_sysctl_files.py"):  # fmt: skip
         (lib / name).write_text(open(os.path.join(MODULE_UTILS, name)).read())
