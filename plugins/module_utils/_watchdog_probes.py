@@ -121,6 +121,29 @@ def probe_completion(cfg: Dict[str, Any], model: Optional[str]) -> Dict[str, Any
     return {"ok": False, "latency_s": round(latency, 3), "error": error or "HTTP %s" % status}
 
 
+class Pending:
+    """A call running in a thread (the watchdog keeps looking at the ranks while a completion waits)."""
+
+    def __init__(self, call: Any, *args: Any) -> None:
+        self._result: Any = None
+        self._thread = threading.Thread(target=self._run, args=(call, *args), name="uma-watchdog-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Any, *args: Any) -> None:
+        self._result = call(*args)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        return self._result
+
+
+def start_completion(cfg: Dict[str, Any], model: Optional[str]) -> Pending:
+    """probe_completion in the background: ``.done()``, then ``.result()``."""
+    return Pending(probe_completion, cfg, model)
+
+
 # --------------------------------------------------------------------------
 # This node's rank processes
 

@@ -248,6 +248,7 @@ class Watchdog:
     def observe(self) -> Dict[str, Any]:
         cfg = self.cfg
         obs: Dict[str, Any] = {}
+        show: Dict[str, str] = {}
         try:
             show = self.systemd.show(cfg["unit"], SHOW)
             obs["unit"] = show.get("ActiveState") or "unknown"
@@ -274,17 +275,35 @@ class Watchdog:
         # wins): no HTTP to wait for, so the next tick comes after interval_s, not after a completion
         # that hangs behind the stopped rank for probe_timeout_s (issue 19: a wedge on rank 1 decided
         # as fast as one on rank 0).
-        decided = not obs["local"].get("ok") or not all(p.get("ok") for p in (obs.get("peers") or {}).values())
-        if cfg["rank"] == 0 and obs["unit"] in ("active", "reloading") and not decided:
+        if cfg["rank"] == 0 and obs["unit"] in ("active", "reloading") and not _decided(obs):
             obs["health"] = probes.probe_health(cfg)
             if obs["health"]["ok"]:
                 obs["metrics"] = probes.read_metrics(cfg)
                 if logic.probe_due(cfg, self.state, obs["metrics"], self.clock()):
-                    self.model = self.model or probes.model_id(cfg)
-                    obs["probe"] = self.last_probe = probes.probe_completion(cfg, self.model)
-                    if not obs["probe"]["ok"]:
-                        self.model = None  # ask again: the engine may have been replaced
+                    self.probe(obs, show)
         return obs
+
+    def probe(self, obs: Dict[str, Any], show: Dict[str, str]) -> None:
+        """The idle probe. While it waits, the ranks are looked at again every second: a completion that
+        hangs behind a rank stopped meanwhile must not hold the tick for probe_timeout_s; the stopped rank
+        decides the tick instead (and the probe's answer, whenever it comes, no longer matters)."""
+        cfg = self.cfg
+        self.model = self.model or probes.model_id(cfg)
+        pending = probes.start_completion(cfg, self.model)
+        looked = self.clock()
+        while not pending.done():
+            self.sleep(0.05)
+            if self.clock() - looked < min(1.0, cfg["interval_s"]):
+                continue
+            looked = self.clock()
+            obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
+            if cfg["peers"]:
+                obs["peers"] = self.observe_peers()
+            if _decided(obs):
+                return
+        obs["probe"] = self.last_probe = pending.result()
+        if not obs["probe"]["ok"]:
+            self.model = None  # ask again: the engine may have been replaced
 
     def observe_peers(self) -> Dict[str, Any]:
         now = self.clock()
@@ -461,6 +480,11 @@ class Watchdog:
         if self.server is not None:
             self.server.close()
         return 0
+
+
+def _decided(obs: Dict[str, Any]) -> bool:
+    """This node's rank or a peer rank is already dead or stopped: liveness's first failure decides the tick."""
+    return not (obs.get("local") or {}).get("ok") or not all(p.get("ok") for p in (obs.get("peers") or {}).values())
 
 
 def _run(argv: List[str]) -> Tuple[int, str, str]:

@@ -61,6 +61,7 @@ class EngineStandIn:
         self.generated = 0.0
         self.requests = []
         self.auth = []
+        self.request_ids = []
         self.release = threading.Event()
         owner = self
 
@@ -89,6 +90,7 @@ class EngineStandIn:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 owner.requests.append(("POST", self.path, body))
                 owner.auth.append(self.headers.get("Authorization"))
+                owner.request_ids.append(self.headers.get("X-Request-Id"))
                 if owner.completion == "hang":
                     owner.release.wait(30)
                     return
@@ -356,6 +358,11 @@ def test_probes_against_the_engine_stand_in(engine, monkeypatch):
     post = [r for r in engine.requests if r[0] == "POST"][-1]
     assert post[1] == "/v1/completions" and post[2]["max_tokens"] == 1 and post[2]["model"] == "tiny"
     assert engine.auth[-1] == "Bearer %s" % SECRET  # the key travels in the header only
+    # recognisable in vLLM's request log (X-Request-Id becomes its request id) and by its user field
+    assert post[2]["user"] == "uma-vllm-watchdog" and engine.request_ids[-1].startswith("uma-vllm-watchdog-main-")
+    pending = probes.start_completion(cfg, "tiny")  # the same completion, in the background
+    until(lambda: pending.done(), lambda done: done)
+    assert pending.result()["ok"] and engine.request_ids[-1] != engine.request_ids[-2]
     engine.completion = "error"
     assert probes.probe_completion(cfg, "tiny")["error"] == "HTTP 500"
     engine.completion = "hang"
@@ -481,6 +488,50 @@ def test_busy_engine_making_progress_is_not_restarted(tmp_path, nodes, engine, r
     print("\nbusy with frozen counters: wedge decided after %.2f s (busy_stall_s 2 s)" % took)
     assert took >= 2.0  # never before the stall bound
     assert "no counter progress" in restart["reason"]
+
+
+def test_an_idle_engine_is_probed_once_per_probe_idle_s(tmp_path, nodes, engine, running):
+    """Issue 21: the completion only after the counters showed the engine idle for probe_idle_s, and at
+    most once per probe_idle_s (it was sent every tick); its last result and count stay in the textfile."""
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    dog = running(config(tmp_path, node, engine.url, probe_idle_s=1.0))
+    dog.wait_phase("healthy")
+    first_tick = dog.dog.ticks
+    time.sleep(3.3)
+    ticks = dog.dog.ticks - first_tick
+    posts = [r for r in engine.requests if r[0] == "POST"]
+    print("\nidle engine: %d completions in %d ticks (interval 0.2 s, probe_idle_s 1 s)" % (len(posts), ticks))
+    assert ticks >= 12 and 2 <= len(posts) <= 5, (ticks, len(posts))
+    prom = until((node.root / "textfile" / "uma_vllm_watchdog_main.prom").read_text,
+                 lambda t: 'uma_vllm_watchdog_probes_total{engine="main"} %d' % len(posts) in t)  # fmt: skip
+    assert 'uma_vllm_watchdog_probe_ok{engine="main",probe="probe"} 1' in prom  # also on ticks without a probe
+
+
+def test_a_rank_stopped_while_the_completion_hangs_decides_before_the_probe_deadline(tmp_path, nodes, engine, running):
+    """Issue 19: a completion that hangs behind a rank stopped meanwhile does not hold the tick for
+    probe_timeout_s: the watchdog looks at the ranks again while it waits."""
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    dog = running(config(tmp_path, node, engine.url, probe_timeout_s=20.0, interval_s=1.0, probe_idle_s=1.0))
+    dog.wait_phase("healthy")
+    engine.completion = "hang"
+    posts = len([r for r in engine.requests if r[0] == "POST"])
+    until(lambda: len([r for r in engine.requests if r[0] == "POST"]), lambda n: n > posts)  # a probe now hangs
+    worker = node.worker_pid()
+    stopped_at = time.time()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        restart = dog.wait_for("restart", timeout=30)
+    finally:
+        try:
+            os.kill(worker, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    took = restart["evidence"]["decided_at_epoch_s"] - stopped_at
+    print("\nSIGSTOP while a completion hangs: decided after %.2f s (probe_timeout_s 20 s, interval 1 s)" % took)
+    assert "is stopped" in restart["reason"]
+    assert took < 10.0  # not after the completion's 20 s deadline
 
 
 def test_sigstopped_worker_is_detected_even_when_busy(tmp_path, nodes, engine, running):
