@@ -45,9 +45,10 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 # vLLM's counters (their names, parsing, busy/progress, the idle probe's pacing): _watchdog_counters
-METRIC_RUNNING, METRIC_WAITING, PROGRESS_METRICS = counters.METRIC_RUNNING, counters.METRIC_WAITING, counters.PROGRESS_METRICS
-is_busy, needs_probe, progressed, probe_due = counters.is_busy, counters.needs_probe, counters.progressed, counters.probe_due
-parse_prometheus, metrics_view = counters.parse_prometheus, counters.metrics_view
+METRIC_RUNNING, METRIC_WAITING = counters.METRIC_RUNNING, counters.METRIC_WAITING
+PROGRESS_METRICS = counters.PROGRESS_METRICS
+is_busy, needs_probe, progressed = counters.is_busy, counters.needs_probe, counters.progressed
+probe_due, parse_prometheus, metrics_view = counters.probe_due, counters.parse_prometheus, counters.metrics_view
 
 PHASES = ("starting", "healthy", "suspect", "backoff", "stopped", "gave_up")
 # What rank 0 publishes while a whole-engine restart runs (its status, state.json, the
@@ -569,8 +570,16 @@ def _fail_restart_step(cfg: _D, s: _D, verdict: _D, critical: bool, now: float, 
     s["restarts"].append(now)
     s["counts"]["restarts"] += 1
     s["epoch"] += 1
-    s.update(fails=0, critical_ticks=0, next_restart_at=None, progress=None, progress_at=None, idle_since=None,
-             idle_counters=None, probes_pending=0)
+    s.update(
+        fails=0,
+        critical_ticks=0,
+        next_restart_at=None,
+        progress=None,
+        progress_at=None,
+        idle_since=None,
+        idle_counters=None,
+        probes_pending=0,
+    )
     _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
     s["phase_since"] = now  # a restart from "starting" (start timeout, critical floor) gets its own start_timeout_s
     actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})

@@ -108,7 +108,8 @@ def probe_completion(cfg: Dict[str, Any], model: Optional[str]) -> Dict[str, Any
     # recognisable: vLLM takes X-Request-Id as its request id (its request log shows
     # cmpl-uma-vllm-watchdog-...); its Prometheus metrics have no per-client label (_watchdog_counters)
     body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0, "user": logic.counters.PROBE_USER}
-    headers = dict(_auth(cfg), **{"X-Request-Id": "%s-%s-%d" % (logic.counters.PROBE_USER, cfg["engine"], time.time_ns())})
+    request_id = "%s-%s-%d" % (logic.counters.PROBE_USER, cfg["engine"], time.time_ns())
+    headers = dict(_auth(cfg), **{"X-Request-Id": request_id})
     status, text, latency, error = http(cfg["base_url"] + "/v1/completions", cfg["probe_timeout_s"], body=body,
                                         headers=headers)  # fmt: skip
     if status == 200:

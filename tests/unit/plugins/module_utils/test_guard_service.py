@@ -95,8 +95,9 @@ def test_hardening_grants_cap_sys_admin_only_to_a_guard_that_drops_globally(conf
 
 
 def test_hardening_keeps_the_network_for_until_url():
-    props = svc.guard_hardening(svc.GuardRequest(name="g"), {"mode": "model", "paths": ["/m"],
-                                                              "until_url": "http://127.0.0.1:8000/health"})
+    props = svc.guard_hardening(
+        svc.GuardRequest(name="g"), {"mode": "model", "paths": ["/m"], "until_url": "http://127.0.0.1:8000/health"}
+    )
     assert "PrivateNetwork=no" in props and "IPAddressDeny=any" not in props
 
 

@@ -488,7 +488,7 @@ def test_systemd_restarts_of_a_start_that_never_gets_healthy_still_count():
     state = healthy_state(c)
     t = 5.0
     for n in range(1, 5):
-        state, actions = w.decide(c, FLOORS, state, ok_obs(unit="activating", n_restarts=n, health=None), t)
+        state, _actions = w.decide(c, FLOORS, state, ok_obs(unit="activating", n_restarts=n, health=None), t)
         t += 700  # long apart, but never healthy in between: no reset
     assert state["phase"] == "gave_up" and "systemd restarted the engine 4 times" in state["reason"]
 
