@@ -4,6 +4,8 @@
 #
 #   watchdog.sh wedge         SIGSTOP VLLM::EngineCore on rank 0 (/health still 200): the watchdog
 #                             restarts the whole engine; time to its decision and to a completion again
+#   watchdog.sh wedge-rank1   SIGSTOP VLLM::Worker_TP1 on rank 1: decided by rank 0's watchdog within 15 s
+#                             of rank 1's watchdog's first failed observation (issue 19), whole restart
 #   watchdog.sh kill-worker   SIGKILL VLLM::Worker_TP1 on rank 1: left to the rank link (exit 69,
 #                             systemd), recorded by the watchdog, no second restart by it
 #   watchdog.sh never-start   rank 0's vLLM can never start (a missing VLLM_LOGGING_CONFIG_PATH):
@@ -79,6 +81,24 @@ case "${1:-}" in
     echo "healthy again (completion answered) in $(since "$t0") s"
     [ "$(docker exec "$ai1" ps -eo stat= | grep -c '^T' || true)" = 0 ]
     # the peer carried the epoch out (stop, start) on its own unit
+    has_event "$ai2" "$t0" peer-stop && has_event "$ai2" "$t0" peer-start
+    echo "rank 1 followed: peer-stop, peer-start"
+    ;;
+  wedge-rank1)
+    wait_healthy_completion 120
+    fresh
+    t0=$(now)
+    docker exec "$ai2" pkill -STOP -f '^VLLM::Worker_TP1'
+    wait_for 240 has_event "$ai1" "$t0" restart || { echo "no restart by the watchdog"; exit 1; }
+    events "$ai1" "$t0" restart | head -1 | tee /dev/stderr | grep -q 'is stopped (state T)'
+    # rank 1's watchdog saw it first (its phase record healthy -> suspect), rank 0 decided the restart
+    seen=$(events "$ai2" "$t0" phase | grep 'is stopped' | head -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["epoch_s"])')
+    decided=$(events "$ai1" "$t0" restart | head -1 | python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["evidence"]["decided_at_epoch_s"])')
+    echo "rank 1 saw the stopped worker $(echo "$seen - $t0" | bc) s after the SIGSTOP; rank 0 decided the restart $(echo "$decided - $t0" | bc) s after it, $(echo "$decided - $seen" | bc) s after the first failed observation"
+    [ "$(echo "$decided - $seen <= 15" | bc)" = 1 ] || { echo "not within 15 s of the first failed observation"; exit 1; }
+    wait_healthy_completion 300 || { echo "not healthy again"; exit 1; }
+    echo "healthy again (completion answered) in $(since "$t0") s"
+    [ "$(docker exec "$ai2" ps -eo stat= | grep -c '^T' || true)" = 0 ]
     has_event "$ai2" "$t0" peer-stop && has_event "$ai2" "$t0" peer-start
     echo "rank 1 followed: peer-stop, peer-start"
     ;;

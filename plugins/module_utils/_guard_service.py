@@ -332,9 +332,14 @@ def guard_hardening(req: GuardRequest, config: Dict[str, Any]) -> List[str]:
         "SystemCallArchitectures=native",
         "RestrictAddressFamilies=%s" % ("AF_UNIX AF_INET AF_INET6" if config.get("until_url") else "AF_UNIX"),
         "CapabilityBoundingSet=%s" % ("CAP_DAC_READ_SEARCH CAP_SYS_ADMIN" if drops else "CAP_DAC_READ_SEARCH"),
+        # issue 22: the system calls of an ordinary service only (python3, fadvise, the status writes)
+        "SystemCallFilter=@system-service",
+        "SystemCallErrorNumber=EPERM",
     ]
     if not drops:
         props.append("ProtectKernelTunables=yes")
+    if not config.get("until_url"):
+        props.append("IPAddressDeny=any")  # no network at all (PrivateNetwork too)
     return props
 
 

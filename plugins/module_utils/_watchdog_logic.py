@@ -30,11 +30,13 @@ from typing import Any, Dict, List, Optional, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
+    from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_counters as counters
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
     from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN, STATE_DIR
     from ansible_collections.uma.vllm.plugins.module_utils._sysctl import size_min_free_kbytes
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _config_checks as _checks  # type: ignore[no-redef]
+    import _watchdog_counters as counters  # type: ignore[no-redef]
     from _common import UmaError  # type: ignore[no-redef]
     from _paths import ENGINE_NAME_PATTERN, STATE_DIR  # type: ignore[no-redef]
     from _sysctl import size_min_free_kbytes  # type: ignore[no-redef]
@@ -44,16 +46,11 @@ _Acts = List[Dict[str, Any]]
 MIB = 1 << 20
 GIB = 1 << 30
 
-# vLLM's own Prometheus names (vllm/v1/metrics/loggers.py). The gauges say
-# whether the engine has work; the counters say whether it makes progress.
-METRIC_RUNNING = "vllm:num_requests_running"
-METRIC_WAITING = "vllm:num_requests_waiting"
-PROGRESS_METRICS = (
-    "vllm:generation_tokens_total",
-    "vllm:prompt_tokens_total",
-    "vllm:iteration_tokens_total_count",
-    "vllm:request_success_total",
-)
+# vLLM's counters (their names, parsing, busy/progress, the idle probe's pacing): _watchdog_counters
+METRIC_RUNNING, METRIC_WAITING = counters.METRIC_RUNNING, counters.METRIC_WAITING
+PROGRESS_METRICS = counters.PROGRESS_METRICS
+is_busy, needs_probe, progressed = counters.is_busy, counters.needs_probe, counters.progressed
+probe_due, parse_prometheus, metrics_view = counters.probe_due, counters.parse_prometheus, counters.metrics_view
 
 PHASES = ("starting", "healthy", "suspect", "backoff", "stopped", "gave_up")
 # What rank 0 publishes while a whole-engine restart runs (its status, state.json, the
@@ -75,6 +72,8 @@ DEFAULTS: Dict[str, Any] = {
     "interval_s": 5.0,
     "health_timeout_s": 5.0,
     "probe_timeout_s": 20.0,  # the 1-token completion must finish within this deadline
+    # the idle probe: only after vLLM's counters showed the engine idle this long, at most once per this
+    "probe_idle_s": 60.0,
     "fail_threshold": 2,  # consecutive failed ticks before a wedge is declared
     "busy_stall_s": 600.0,  # busy with no counter progress this long = wedged (long prefills stay below)
     "start_timeout_s": 1800.0,  # a start that is not healthy after this counts as failed
@@ -96,6 +95,8 @@ DEFAULTS: Dict[str, Any] = {
     "backoff_max_s": 600.0,
     "max_restarts": 3,
     "window_s": 3600.0,
+    # a restart followed by this long healthy leaves the restart budget: a healed fault, not a crash loop
+    "healthy_reset_s": 600.0,
     "ram_gib": None,  # None = MemTotal
     "warn_floor_mib": None,  # None = sized from RAM
     "critical_floor_mib": None,
@@ -113,7 +114,8 @@ DEFAULTS: Dict[str, Any] = {
 }
 
 _POSITIVE = ("interval_s", "health_timeout_s", "probe_timeout_s", "busy_stall_s", "start_timeout_s", "peer_timeout_s",
-             "peer_ack_timeout_s", "backoff_initial_s", "backoff_max_s", "window_s", "evict_every_s")  # fmt: skip
+             "peer_ack_timeout_s", "backoff_initial_s", "backoff_max_s", "window_s", "evict_every_s", "probe_idle_s",
+             "healthy_reset_s")  # fmt: skip
 
 
 def _number(key: str, value: Any, fix: str) -> float:
@@ -302,58 +304,6 @@ def floor_level(mem: Optional[Dict[str, Any]], floors: Dict[str, Any]) -> Tuple[
 # Liveness
 
 
-def is_busy(metrics: Optional[Dict[str, Any]]) -> bool:
-    if not metrics:
-        return False
-    return (metrics.get("running") or 0) > 0 or (metrics.get("waiting") or 0) > 0
-
-
-def needs_probe(metrics: Optional[Dict[str, Any]]) -> bool:
-    """The 1-token completion runs only when the engine is idle (or /metrics is unreadable)."""
-    return not is_busy(metrics)
-
-
-def parse_prometheus(text: str) -> Dict[str, float]:
-    """Sum of every sample per metric name (labels dropped) of a Prometheus text exposition."""
-    sums: Dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _sep, rest = line.partition(" ")
-        if "{" in line:
-            name_part = line[: line.index("{")]
-            rest = line[line.rindex("}") + 1 :]
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        sums[name_part] = sums.get(name_part, 0.0) + value
-    return sums
-
-
-def metrics_view(samples: Dict[str, float]) -> Optional[Dict[str, Any]]:
-    """running / waiting / progress counters; None when the text is not vLLM's /metrics."""
-    if METRIC_RUNNING not in samples and METRIC_WAITING not in samples:
-        return None
-    return {
-        "running": int(samples.get(METRIC_RUNNING, 0)),
-        "waiting": int(samples.get(METRIC_WAITING, 0)),
-        "progress": {k: samples[k] for k in PROGRESS_METRICS if k in samples},
-    }
-
-
-def progressed(before: Optional[Dict[str, float]], after: Optional[Dict[str, float]]) -> bool:
-    """Any of vLLM's counters moved (a counter that went down = the engine restarted: also movement)."""
-    if not before or not after:
-        return False
-    return any(after.get(k) != before.get(k) for k in set(before) | set(after))
-
-
 def liveness(cfg: Dict[str, Any], obs: Dict[str, Any], state: Dict[str, Any], now: float) -> Dict[str, Any]:
     """One tick's verdict: ``{"ok": bool, "reason": str, "kind": ...}``.
 
@@ -391,6 +341,8 @@ def liveness(cfg: Dict[str, Any], obs: Dict[str, Any], state: Dict[str, Any], no
     probe = obs.get("probe")
     if probe is not None and not probe.get("ok"):
         return {"ok": False, "kind": "probe", "reason": "1-token completion: %s" % probe.get("error")}
+    if probe is None:  # not due: the counters moved within probe_idle_s, or the last probe is that recent
+        return {"ok": True, "kind": "idle", "reason": "idle, /health 200 (no completion due)"}
     return {"ok": True, "kind": "idle", "reason": "idle, completion answered"}
 
 
@@ -412,7 +364,13 @@ def new_state(now: float) -> Dict[str, Any]:
         "last_evict_at": None,
         "reason": "watchdog started",
         "epoch": 0,
-        "counts": {"wedges": 0, "restarts": 0, "floor_warn": 0, "floor_critical": 0, "gave_up": 0},
+        "counts": {"wedges": 0, "restarts": 0, "floor_warn": 0, "floor_critical": 0, "gave_up": 0, "probes": 0},
+        # the idle probe's pacing (_watchdog_counters.track_idle / probe_due)
+        "idle_since": None,
+        "idle_counters": None,
+        "probes_pending": 0,
+        "last_probe_at": None,
+        "probe_failed": False,
     }
 
 
@@ -616,10 +574,35 @@ def _fail_restart_step(cfg: _D, s: _D, verdict: _D, critical: bool, now: float, 
     s["restarts"].append(now)
     s["counts"]["restarts"] += 1
     s["epoch"] += 1
-    s.update(fails=0, critical_ticks=0, next_restart_at=None, progress=None, progress_at=None)
+    s.update(
+        fails=0,
+        critical_ticks=0,
+        next_restart_at=None,
+        progress=None,
+        progress_at=None,
+        idle_since=None,
+        idle_counters=None,
+        probes_pending=0,
+    )
     _set_phase(s, "starting", now, "restart %d: %s" % (s["epoch"], verdict["reason"]))
     s["phase_since"] = now  # a restart from "starting" (start timeout, critical floor) gets its own start_timeout_s
     actions.append({"do": "restart", "reason": verdict["reason"], "kind": verdict["kind"], "evidence": evidence})
+
+
+def _healed_step(cfg: _D, s: _D, now: float, actions: _Acts) -> None:
+    """Restarts followed by ``healthy_reset_s`` of healthy serving healed their fault: they leave the budget
+    (window limit and backoff). A start that fails again sooner keeps counting: that is a crash loop."""
+    since = s["phase_since"]
+    if s["phase"] != "healthy" or now - since < cfg["healthy_reset_s"]:
+        return
+    healed = [t for t in s["restarts"] if t <= since]
+    if not healed:
+        return
+    s["restarts"] = [t for t in s["restarts"] if t > since]
+    actions.append({"do": "record", "action": "budget-reset", "reason": (
+        "healthy for %.0f s (healthy_reset_s %.0f): %d earlier restart(s) healed, no longer counted against "
+        "the limit of %d per %.0f s" % (now - since, cfg["healthy_reset_s"], len(healed), cfg["max_restarts"],
+                                        cfg["window_s"])), "evidence": {"healed": len(healed)}})  # fmt: skip
 
 
 def decide(
@@ -634,6 +617,7 @@ def decide(
     evidence = {k: obs.get(k) for k in ("unit", "local", "health", "metrics", "probe", "peers", "mem") if k in obs}
     by_systemd = _systemd_restarts(cfg, s, obs, now, evidence, actions)
     level, why = _floors_step(cfg, floors, s, obs, now, actions)
+    counters.track_idle(s, obs, now)
     if s["phase"] == "gave_up":
         _gave_up_step(s, obs, now, evidence, actions)
         return s, actions
@@ -651,6 +635,7 @@ def decide(
     verdict = _starting_step(cfg, s, verdict, unit, critical, now)
     if verdict is not None:
         _fail_restart_step(cfg, s, verdict, critical, now, evidence, actions)
+    _healed_step(cfg, s, now, actions)
     return s, actions
 
 

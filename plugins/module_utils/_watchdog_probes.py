@@ -105,10 +105,13 @@ def probe_completion(cfg: Dict[str, Any], model: Optional[str]) -> Dict[str, Any
     """A real 1-token completion within probe_timeout_s (the API key only in the header)."""
     if not model:
         return {"ok": False, "latency_s": None, "error": "no model id (GET /v1/models failed)"}
-    body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0}
-    status, text, latency, error = http(
-        cfg["base_url"] + "/v1/completions", cfg["probe_timeout_s"], body=body, headers=_auth(cfg)
-    )
+    # recognisable: vLLM takes X-Request-Id as its request id (its request log shows
+    # cmpl-uma-vllm-watchdog-...); its Prometheus metrics have no per-client label (_watchdog_counters)
+    body = {"model": model, "prompt": "ping", "max_tokens": 1, "temperature": 0, "user": logic.counters.PROBE_USER}
+    request_id = "%s-%s-%d" % (logic.counters.PROBE_USER, cfg["engine"], time.time_ns())
+    headers = dict(_auth(cfg), **{"X-Request-Id": request_id})
+    status, text, latency, error = http(cfg["base_url"] + "/v1/completions", cfg["probe_timeout_s"], body=body,
+                                        headers=headers)  # fmt: skip
     if status == 200:
         try:
             if json.loads(text)["choices"]:
@@ -117,6 +120,29 @@ def probe_completion(cfg: Dict[str, Any], model: Optional[str]) -> Dict[str, Any
             pass
         return {"ok": False, "latency_s": round(latency, 3), "error": "HTTP 200 without choices"}
     return {"ok": False, "latency_s": round(latency, 3), "error": error or "HTTP %s" % status}
+
+
+class Pending:
+    """A call running in a thread (the watchdog keeps looking at the ranks while a completion waits)."""
+
+    def __init__(self, call: Any, *args: Any) -> None:
+        self._result: Any = None
+        self._thread = threading.Thread(target=self._run, args=(call, *args), name="uma-watchdog-probe", daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Any, *args: Any) -> None:
+        self._result = call(*args)
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self) -> Any:
+        return self._result
+
+
+def start_completion(cfg: Dict[str, Any], model: Optional[str]) -> Pending:
+    """probe_completion in the background: ``.done()``, then ``.result()``."""
+    return Pending(probe_completion, cfg, model)
 
 
 # --------------------------------------------------------------------------

@@ -80,6 +80,10 @@ METRICS: Dict[str, Tuple[str, str]] = {
     "uma_vllm_watchdog_probe_ok": ("gauge", "1 if the last probe succeeded (label probe)."),
     "uma_vllm_watchdog_wedges_total": ("counter", "Wedged or half-dead engines detected."),
     "uma_vllm_watchdog_restarts_total": ("counter", "Engine restarts (the watchdog's and systemd's)."),
+    "uma_vllm_watchdog_probes_total": (
+        "counter",
+        "1-token completions the watchdog sent (vLLM counts them in its own request metrics too).",
+    ),
     "uma_vllm_watchdog_restarts_in_window": ("gauge", "Restarts inside the current limit window."),
     "uma_vllm_watchdog_floor_events_total": ("counter", "Memory floor events (label level: warn, critical)."),
     "uma_vllm_watchdog_mem_available_bytes": ("gauge", "MemAvailable the floors compare."),
@@ -145,6 +149,7 @@ class Watchdog:
         self.peer_seen: Dict[str, Tuple[Optional[Dict[str, Any]], float]] = {}
         self.model: Optional[str] = None
         self.last_obs: Dict[str, Any] = {}
+        self.last_probe: Optional[Dict[str, Any]] = None  # the idle probe runs at most once per probe_idle_s
         self.server: Optional[probes.StatusServer] = None
         if cfg["status_port"]:
             self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"])
@@ -229,7 +234,7 @@ class Watchdog:
             out.append(("uma_vllm_watchdog_state", dict(labels, phase=phase), 1 if snap["phase"] == phase else 0))
         out.append(("uma_vllm_watchdog_gave_up", labels, 1 if self.state["phase"] == "gave_up" else 0))
         for name in ("health", "probe"):
-            probe = self.last_obs.get(name)
+            probe = self.last_probe if name == "probe" else self.last_obs.get(name)
             if probe:
                 out.append(("uma_vllm_watchdog_probe_ok", dict(labels, probe=name), 1 if probe["ok"] else 0))
                 if probe.get("latency_s") is not None:
@@ -239,6 +244,7 @@ class Watchdog:
         counts = snap["counts"]
         out.append(("uma_vllm_watchdog_wedges_total", labels, counts["wedges"]))
         out.append(("uma_vllm_watchdog_restarts_total", labels, counts["restarts"]))
+        out.append(("uma_vllm_watchdog_probes_total", labels, counts.get("probes", 0)))
         out.append(("uma_vllm_watchdog_restarts_in_window", labels, snap["restarts_in_window"]))
         out.append(("uma_vllm_watchdog_floor_events_total", dict(labels, level="warn"), counts["floor_warn"]))
         out.append(("uma_vllm_watchdog_floor_events_total", dict(labels, level="critical"), counts["floor_critical"]))
@@ -260,6 +266,7 @@ class Watchdog:
     def observe(self) -> Dict[str, Any]:
         cfg = self.cfg
         obs: Dict[str, Any] = {}
+        show: Dict[str, str] = {}
         try:
             show = self.systemd.show(cfg["unit"], SHOW)
             obs["unit"] = show.get("ActiveState") or "unknown"
@@ -280,19 +287,41 @@ class Watchdog:
             obs["mem"] = logic.memory_view(read_meminfo(cfg["meminfo_root"]), cfg["unified_memory"], self.min_free)
         except OSError:
             obs["mem"] = None
-        if cfg["rank"] == 0 and obs["unit"] in ("active", "reloading"):
+        if cfg["peers"]:
+            obs["peers"] = self.observe_peers()
+        # A dead or stopped rank, here or on a peer, already decides the tick (liveness: first failure
+        # wins): no HTTP to wait for, so the next tick comes after interval_s, not after a completion
+        # that hangs behind the stopped rank for probe_timeout_s (issue 19: a wedge on rank 1 decided
+        # as fast as one on rank 0).
+        if cfg["rank"] == 0 and obs["unit"] in ("active", "reloading") and not _decided(obs):
             obs["health"] = probes.probe_health(cfg)
             if obs["health"]["ok"]:
                 obs["metrics"] = probes.read_metrics(cfg)
-                # a dead or stopped local rank already decides the tick: no completion to wait for
-                if obs["local"].get("ok") and logic.needs_probe(obs["metrics"]):
-                    self.model = self.model or probes.model_id(cfg)
-                    obs["probe"] = probes.probe_completion(cfg, self.model)
-                    if not obs["probe"]["ok"]:
-                        self.model = None  # ask again: the engine may have been replaced
-        if cfg["peers"]:
-            obs["peers"] = self.observe_peers()
+                if logic.probe_due(cfg, self.state, obs["metrics"], self.clock()):
+                    self.probe(obs, show)
         return obs
+
+    def probe(self, obs: Dict[str, Any], show: Dict[str, str]) -> None:
+        """The idle probe. While it waits, the ranks are looked at again every second: a completion that
+        hangs behind a rank stopped meanwhile must not hold the tick for probe_timeout_s; the stopped rank
+        decides the tick instead (and the probe's answer, whenever it comes, no longer matters)."""
+        cfg = self.cfg
+        self.model = self.model or probes.model_id(cfg)
+        pending = probes.start_completion(cfg, self.model)
+        looked = self.clock()
+        while not pending.done():
+            self.sleep(0.05)
+            if self.clock() - looked < min(1.0, cfg["interval_s"]):
+                continue
+            looked = self.clock()
+            obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
+            if cfg["peers"]:
+                obs["peers"] = self.observe_peers()
+            if _decided(obs):
+                return
+        obs["probe"] = self.last_probe = pending.result()
+        if not obs["probe"]["ok"]:
+            self.model = None  # ask again: the engine may have been replaced
 
     def observe_peers(self) -> Dict[str, Any]:
         now = self.clock()
@@ -469,6 +498,11 @@ class Watchdog:
         if self.server is not None:
             self.server.close()
         return 0
+
+
+def _decided(obs: Dict[str, Any]) -> bool:
+    """This node's rank or a peer rank is already dead or stopped: liveness's first failure decides the tick."""
+    return not (obs.get("local") or {}).get("ok") or not all(p.get("ok") for p in (obs.get("peers") or {}).values())
 
 
 def _run(argv: List[str]) -> Tuple[int, str, str]:

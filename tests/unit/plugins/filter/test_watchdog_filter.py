@@ -89,6 +89,9 @@ def test_a_port_per_engine_can_be_given():
         ({"rank_link_grace_s": "soon"}, "vllm_service_watchdog_rank_link_grace_s = 'soon' is a string, not a number"),
         ({"backoff_initial_s": 60, "backoff_max_s": 30}, "vllm_service_watchdog_backoff_max_s = 30.0 is below"),
         ({"ram_gib": "-4"}, "vllm_service_ram_gib = -4 is out of range (must be > 0"),
+        ({"healthy_reset_s": 0}, "vllm_service_watchdog_healthy_reset_s = 0 must be a positive number of seconds"),
+        ({"healthy_reset_s": "soon"}, "vllm_service_watchdog_healthy_reset_s = 'soon' must be a positive number"),
+        ({"probe_idle_s": "-60"}, "vllm_service_watchdog_probe_idle_s = -60 must be a positive number of seconds"),
     ],
 )
 def test_bad_values_are_refused_naming_the_variable_the_value_and_the_fix(over, words):
@@ -102,3 +105,33 @@ def test_a_node_without_a_cluster_address_is_refused_with_the_fix():
     with pytest.raises(AnsibleFilterError) as err:
         configs("ai1", hostvars=hostvars)
     assert "no cluster-link address for peer ai2. Fix: set uma_cluster_addr" in str(err.value)
+
+
+def test_the_new_variables_reach_the_config():
+    """vllm_service_watchdog_healthy_reset_s and _probe_idle_s become the watchdog's options."""
+    got = configs("ai1", settings=dict(SETTINGS, healthy_reset_s="900", probe_idle_s=120))["tp2"]["config"]
+    assert got["healthy_reset_s"] == 900 and got["probe_idle_s"] == 120
+
+
+def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
+    """A bad vllm_service_watchdog_* value fails the play before the role removes, creates or writes anything."""
+    import pathlib
+
+    import yaml
+
+    tasks = yaml.safe_load((pathlib.Path(__file__).resolve().parents[4] / "roles" / "vllm_service" / "tasks"
+                            / "present.yml").read_text())  # fmt: skip
+    names = [t.get("name", "") for t in tasks]
+    checked = names.index(
+        "Work out each engine's watchdog config on this node (checked by the watchdog's own validation)"
+    )
+    for first_change in (
+        "Remove the engines set to absent or no longer defined",
+        "Create the engine user (least privilege, uma.vllm.launch_wrapper)",
+    ):
+        assert checked < names.index(first_change), first_change
+    before = tasks[:checked]
+    changing = [t["name"] for t in before if not any(k in t for k in (
+        "ansible.builtin.set_fact", "ansible.builtin.assert", "ansible.builtin.debug", "uma.vllm.vllm_flags",
+        "uma.vllm.engine_facts"))]  # fmt: skip
+    assert changing == []  # only checks, plans and read-only facts come first

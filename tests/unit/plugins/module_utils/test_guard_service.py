@@ -89,6 +89,16 @@ def test_hardening_grants_cap_sys_admin_only_to_a_guard_that_drops_globally(conf
     assert ("CapabilityBoundingSet=CAP_DAC_READ_SEARCH CAP_SYS_ADMIN" in props) is drops
     assert ("ProtectKernelTunables=yes" in props) is not drops
     assert "PrivateNetwork=yes" in props  # no until_url: no network
+    assert "IPAddressDeny=any" in props
+    # issue 22: an ordinary service's system calls only, refused with EPERM (nothing killed)
+    assert "SystemCallFilter=@system-service" in props and "SystemCallErrorNumber=EPERM" in props
+
+
+def test_hardening_keeps_the_network_for_until_url():
+    props = svc.guard_hardening(
+        svc.GuardRequest(name="g"), {"mode": "model", "paths": ["/m"], "until_url": "http://127.0.0.1:8000/health"}
+    )
+    assert "PrivateNetwork=no" in props and "IPAddressDeny=any" not in props
 
 
 def test_guard_command_parses_back_to_the_same_configuration(guard):

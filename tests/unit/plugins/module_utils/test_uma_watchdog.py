@@ -61,6 +61,7 @@ class EngineStandIn:
         self.generated = 0.0
         self.requests = []
         self.auth = []
+        self.request_ids = []
         self.release = threading.Event()
         owner = self
 
@@ -89,6 +90,7 @@ class EngineStandIn:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 owner.requests.append(("POST", self.path, body))
                 owner.auth.append(self.headers.get("Authorization"))
+                owner.request_ids.append(self.headers.get("X-Request-Id"))
                 if owner.completion == "hang":
                     owner.release.wait(30)
                     return
@@ -263,6 +265,7 @@ def config(tmp_path, node, engine_url, **over):
         "interval_s": 0.2,
         "health_timeout_s": 1.0,
         "probe_timeout_s": 1.0,
+        "probe_idle_s": 0.2,  # idle probe every tick here (default: after 60 s idle, once a minute)
         "fail_threshold": 2,
         "busy_stall_s": 30.0,
         "start_timeout_s": 20.0,
@@ -355,6 +358,11 @@ def test_probes_against_the_engine_stand_in(engine, monkeypatch):
     post = [r for r in engine.requests if r[0] == "POST"][-1]
     assert post[1] == "/v1/completions" and post[2]["max_tokens"] == 1 and post[2]["model"] == "tiny"
     assert engine.auth[-1] == "Bearer %s" % SECRET  # the key travels in the header only
+    # recognisable in vLLM's request log (X-Request-Id becomes its request id) and by its user field
+    assert post[2]["user"] == "uma-vllm-watchdog" and engine.request_ids[-1].startswith("uma-vllm-watchdog-main-")
+    pending = probes.start_completion(cfg, "tiny")  # the same completion, in the background
+    until(pending.done, lambda done: done)
+    assert pending.result()["ok"] and engine.request_ids[-1] != engine.request_ids[-2]
     engine.completion = "error"
     assert probes.probe_completion(cfg, "tiny")["error"] == "HTTP 500"
     engine.completion = "hang"
@@ -480,6 +488,52 @@ def test_busy_engine_making_progress_is_not_restarted(tmp_path, nodes, engine, r
     print("\nbusy with frozen counters: wedge decided after %.2f s (busy_stall_s 2 s)" % took)
     assert took >= 2.0  # never before the stall bound
     assert "no counter progress" in restart["reason"]
+
+
+def test_an_idle_engine_is_probed_once_per_probe_idle_s(tmp_path, nodes, engine, running):
+    """Issue 21: the completion only after the counters showed the engine idle for probe_idle_s, and at
+    most once per probe_idle_s (it was sent every tick); its last result and count stay in the textfile."""
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    dog = running(config(tmp_path, node, engine.url, probe_idle_s=1.0))
+    dog.wait_phase("healthy")
+    first_tick, started = dog.dog.ticks, time.monotonic()
+    ticks = until(lambda: dog.dog.ticks - first_tick, lambda n: n >= 16, timeout=60)
+    elapsed = time.monotonic() - started
+    posts = [r for r in engine.requests if r[0] == "POST"]
+    print("\nidle engine: %d completions in %d ticks, %.1f s (interval 0.2 s, probe_idle_s 1 s)" % (
+        len(posts), ticks, elapsed))  # fmt: skip
+    # before: one per tick; now the start's one, then at most one per probe_idle_s
+    assert 2 <= len(posts) <= 2 + elapsed / 1.0 and len(posts) < ticks / 2, (ticks, len(posts), elapsed)
+    prom = until((node.root / "textfile" / "uma_vllm_watchdog_main.prom").read_text,
+                 lambda t: 'uma_vllm_watchdog_probes_total{engine="main"} %d' % len(posts) in t)  # fmt: skip
+    assert 'uma_vllm_watchdog_probe_ok{engine="main",probe="probe"} 1' in prom  # also on ticks without a probe
+
+
+def test_a_rank_stopped_while_the_completion_hangs_decides_before_the_probe_deadline(tmp_path, nodes, engine, running):
+    """Issue 19: a completion that hangs behind a rank stopped meanwhile does not hold the tick for
+    probe_timeout_s: the watchdog looks at the ranks again while it waits."""
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    dog = running(config(tmp_path, node, engine.url, probe_timeout_s=20.0, interval_s=1.0, probe_idle_s=1.0))
+    dog.wait_phase("healthy")
+    engine.completion = "hang"
+    posts = len([r for r in engine.requests if r[0] == "POST"])
+    until(lambda: len([r for r in engine.requests if r[0] == "POST"]), lambda n: n > posts)  # a probe now hangs
+    worker = node.worker_pid()
+    stopped_at = time.time()
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        restart = dog.wait_for("restart", timeout=30)
+    finally:
+        try:
+            os.kill(worker, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+    took = restart["evidence"]["decided_at_epoch_s"] - stopped_at
+    print("\nSIGSTOP while a completion hangs: decided after %.2f s (probe_timeout_s 20 s, interval 1 s)" % took)
+    assert "is stopped" in restart["reason"]
+    assert took < 10.0  # not after the completion's 20 s deadline
 
 
 def test_sigstopped_worker_is_detected_even_when_busy(tmp_path, nodes, engine, running):
@@ -684,10 +738,10 @@ def free_port():
 def test_runs_standalone_and_refuses_bad_config_in_one_line(tmp_path, nodes, engine):
     lib = tmp_path / "lib"
     lib.mkdir()
-    for name in ("uma_watchdog.py", "_watchdog_logic.py", "_watchdog_probes.py", "uma_guard.py", "_common.py",
-                 "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py", "_guard_config.py", "_guard_memory.py",
-                 "_guard_residency.py", "_guard_status.py", "_guard_sweeper.py", "_guard_watch.py", "_paths.py",
-                 "_sysctl_files.py", "_config_checks.py"):  # fmt: skip
+    for name in ("uma_watchdog.py", "_watchdog_counters.py", "_watchdog_logic.py", "_watchdog_probes.py",
+                 "uma_guard.py", "_common.py", "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py",
+                 "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py", "_guard_sweeper.py",
+                 "_guard_watch.py", "_paths.py", "_sysctl_files.py", "_config_checks.py"):  # fmt: skip
         (lib / name).write_text(open(os.path.join(MODULE_UTILS, name)).read())
     env = {"PATH": os.environ["PATH"], "VLLM_API_KEY": SECRET}
     bad = tmp_path / "bad.json"
@@ -753,25 +807,65 @@ def test_container_runtime_rank_is_found_through_inspect(tmp_path, nodes):
     assert "no process left" in probes.check_local(missing, show, wd._run)["reason"]
 
 
-def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
-    """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2, checked by systemd-analyze verify."""
-    import shutil
-
+def render_watchdog_unit(runtime="native", container_engine="docker", evict_scope="model"):
+    """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2 as Ansible renders it (trim_blocks)."""
     import jinja2
 
     template = os.path.join(
         MODULE_UTILS, "..", "..", "roles", "vllm_service", "templates", "uma-vllm-watchdog@.service.j2"
     )
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters["comment"] = lambda text: "# " + text
-    text = env.from_string(open(template).read()).render(
+    return env.from_string(open(template).read()).render(
         ansible_managed="Ansible managed",
         vllm_service_python="/usr/bin/python3",
         vllm_service_config_dir="/etc/uma-vllm",
         vllm_service_state_dir="/var/lib/uma-vllm",
         vllm_service_watchdog_lib_dir="/usr/local/lib/uma-vllm",
         vllm_service_watchdog_oom_score_adjust=-900,
+        vllm_service_runtime=runtime,
+        vllm_service_container_engine=container_engine,
+        vllm_service_watchdog_evict_scope=evict_scope,
     )
+
+
+@pytest.mark.parametrize("runtime, container_engine, evict_scope, most", [
+    ("native", "docker", "model", 3.0), ("container", "docker", "model", 3.0), ("native", "docker", "global", 3.5),
+    ("container", "podman", "model", 6.0)])  # fmt: skip
+def test_watchdog_unit_is_hardened(tmp_path, runtime, container_engine, evict_scope, most):
+    """Issue 22: least privilege like the engine's unit; systemd-analyze security --offline (systemd >= 252)
+    scored the unit before this 8.9 offline (8.7 EXPOSED loaded in a lab node)."""
+    import shutil
+
+    text = render_watchdog_unit(runtime, container_engine, evict_scope)
+    lines = set(text.splitlines())
+    assert {"NoNewPrivileges=yes", "ProtectKernelModules=yes", "ProtectControlGroups=yes",
+            "SystemCallArchitectures=native", "LockPersonality=yes"} <= lines  # fmt: skip
+    assert ("ProtectKernelTunables=yes" in lines) is (evict_scope == "model")  # global writes drop_caches
+    if container_engine == "podman" and runtime == "container":
+        assert not any(line.startswith("CapabilityBoundingSet=") for line in lines)
+    else:
+        caps = "CapabilityBoundingSet=CAP_DAC_READ_SEARCH" + (" CAP_SYS_ADMIN" if evict_scope == "global" else "")
+        assert caps in lines and "SystemCallFilter=@system-service" in lines and "PrivateDevices=yes" in lines
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    (tmp_path / "uma-vllm-watchdog@main.service").write_text(text)
+    proc = subprocess.run([analyze, "security", "--offline=true", "--no-pager", "uma-vllm-watchdog@main.service"],
+                          cwd=str(tmp_path), check=False, capture_output=True, text=True)  # fmt: skip
+    if "--offline" in proc.stderr or "unrecognized option" in proc.stderr:
+        pytest.skip("systemd-analyze without --offline (systemd < 252)")
+    score = float(proc.stdout.rsplit("exposure level for uma-vllm-watchdog@main.service:", 1)[1].split()[0])
+    print("\nwatchdog unit (%s, %s, evict %s): systemd-analyze security --offline %.1f" % (
+        runtime, container_engine, evict_scope, score))  # fmt: skip
+    assert score <= most
+
+
+def test_unit_template_renders_and_systemd_accepts_it(tmp_path):
+    """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2, checked by systemd-analyze verify."""
+    import shutil
+
+    text = render_watchdog_unit()
     assert "OOMScoreAdjust=-900" in text and "Type=notify" in text and "WatchdogSec=" in text
     assert (
         "ExecStart=/usr/bin/python3 -E -s /usr/local/lib/uma-vllm/uma_watchdog.py"

@@ -105,6 +105,10 @@ def healthy_state(c, t=0.0):
         ({"engine": "main", "warn_floor_mib": -1}, "warn_floor_mib"),
         ({"engine": "main", "unified_memory": "yes"}, "unified_memory"),
         ({"engine": "main", "container": "a;rm -rf /"}, "container"),
+        ({"engine": "main", "healthy_reset_s": 0}, "healthy_reset_s"),
+        ({"engine": "main", "healthy_reset_s": "600"}, "healthy_reset_s"),
+        ({"engine": "main", "probe_idle_s": -60}, "probe_idle_s"),
+        ({"engine": "main", "probe_idle_s": True}, "probe_idle_s"),
     ],
 )
 def test_config_refusals_name_the_key_and_the_fix(raw, key):
@@ -419,6 +423,74 @@ def test_the_window_forgets_old_restarts():
     state, t, a2 = wedge_cycle(c, state, t + 5)
     state, t, a3 = wedge_cycle(c, state, t + 200)  # both older than the window
     assert [a1["do"], a2["do"], a3["do"]] == ["restart", "restart", "restart"]
+
+
+def healthy_for(c, state, t, seconds):
+    """Healthy serving (one tick every 5 s) for ``seconds``; returns state, t after it, the actions."""
+    state, done = run(c, [ok_obs()] * int(seconds // 5), start=t, state=state)
+    return state, t + 5 * int(seconds // 5), [a for _t, a in done]
+
+
+def test_healed_faults_leave_the_restart_budget():
+    """Issue 19: three separate faults within an hour, each healed and followed by healthy serving,
+    made the fourth give up (every rank left stopped). With healthy_reset_s (default 600 s) each
+    healed restart leaves the budget: the fourth fault is restarted at once, like the first."""
+    c = cfg()
+    assert (c["max_restarts"], c["window_s"], c["healthy_reset_s"]) == (3, 3600.0, 600.0)
+    state = healthy_state(c)
+    t, first = 5.0, None
+    for fault in range(4):
+        state, t, action = wedge_cycle(c, state, t)
+        first = t if first is None else first
+        assert action["do"] == "restart" and action["kind"] == "probe", (fault, action)
+        state, t, done = healthy_for(c, state, t + 5, 660)
+        assert [a["action"] for a in done if a.get("action") == "budget-reset"] == ["budget-reset"]
+        assert state["restarts"] == [] and state["phase"] == "healthy"
+    assert t - first < 3600  # four faults inside one window
+    assert state["counts"]["restarts"] == 4 and state["counts"]["gave_up"] == 0
+
+
+def test_without_the_reset_the_fourth_healed_fault_gives_up():
+    """The same four healed faults when a healthy stretch never resets (healthy_reset_s > window_s):
+    the old behaviour, the fourth gives up."""
+    c = cfg(healthy_reset_s=7200)
+    state = healthy_state(c)
+    t = 5.0
+    actions = []
+    for _fault in range(4):
+        state, t, action = wedge_cycle(c, state, t)
+        actions.append(action["do"])
+        if action["do"] == "stop":
+            break
+        state, t, _done = healthy_for(c, state, t + 5, 660)
+    assert actions == ["restart", "restart", "restart", "stop"] and state["phase"] == "gave_up"
+
+
+def test_a_crash_loop_still_gives_up():
+    """Starts that fail again soon (healthy for one minute, then wedged) keep counting."""
+    c = cfg()
+    state = healthy_state(c)
+    t = 5.0
+    actions = []
+    for _fault in range(4):
+        state, t, action = wedge_cycle(c, state, t)
+        actions.append(action["do"])
+        if action["do"] == "stop":
+            break
+        state, t, done = healthy_for(c, state, t + 5, 60)
+        assert not [a for a in done if a.get("action") == "budget-reset"]
+    assert actions == ["restart", "restart", "restart", "stop"] and state["phase"] == "gave_up"
+
+
+def test_systemd_restarts_of_a_start_that_never_gets_healthy_still_count():
+    """A rank-link exit loop (systemd restarts, the engine never healthy in between) gives up as before."""
+    c = cfg(peers=[{"name": "ai2", "url": "http://ai2:9411/status"}], status_port=9411)
+    state = healthy_state(c)
+    t = 5.0
+    for n in range(1, 5):
+        state, _actions = w.decide(c, FLOORS, state, ok_obs(unit="activating", n_restarts=n, health=None), t)
+        t += 700  # long apart, but never healthy in between: no reset
+    assert state["phase"] == "gave_up" and "systemd restarted the engine 4 times" in state["reason"]
 
 
 def test_an_operator_start_after_giving_up_resumes_watching():
