@@ -24,7 +24,6 @@ Observations of one tick (keys of ``obs``; missing = not observed):
 from __future__ import annotations
 
 import copy
-import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
