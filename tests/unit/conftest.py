@@ -53,3 +53,43 @@ def run_module(monkeypatch):
         raise AssertionError("module returned without exit_json/fail_json")
 
     return run
+
+
+# ---- node-side counts (issue 22): the tests of the node programs' writes and state files, tallied
+# so that every run prints them beside the bad-input harness's table. A failed case is counted as
+# what it guards against (a write that followed a symlink, a damaged state file not set aside).
+_NODE_GROUPS = {
+    "test_node_writes.py": "writes: planted symlink / unsafe directory",
+    "test_node_state_damage.py::test_sigkill": "power loss: SIGKILL mid-write",
+    "test_node_state_damage.py::test_each_state_file": "power loss: state file truncated / zeroed",
+    "test_node_state_damage.py": "damaged state files set aside",
+}
+_NODE_COUNTS: Dict[str, Dict[str, int]] = {}
+
+
+def _node_group(nodeid: str) -> Any:
+    for key, group in _NODE_GROUPS.items():  # the longer keys first (dict order above)
+        path, _, prefix = key.partition("::")
+        if ("/" + path + "::") in ("/" + nodeid) and (not prefix or ("::" + prefix) in nodeid):
+            return group
+    return None
+
+
+def pytest_runtest_logreport(report):
+    group = _node_group(report.nodeid)
+    if group is None or (report.when != "call" and not (report.failed or report.skipped)):
+        return
+    counts = _NODE_COUNTS.setdefault(group, {"cases": 0, "failed": 0, "skipped": 0})
+    counts["cases"] += 1
+    counts["failed"] += int(report.failed)
+    counts["skipped"] += int(report.skipped)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _NODE_COUNTS:
+        return
+    terminalreporter.section("node programs: writes and state files")
+    terminalreporter.write_line("%-44s %6s %7s %8s" % ("group", "cases", "failed", "skipped"))
+    for group in sorted(_NODE_COUNTS):
+        c = _NODE_COUNTS[group]
+        terminalreporter.write_line("%-44s %6d %7d %8d" % (group, c["cases"], c["failed"], c["skipped"]))
