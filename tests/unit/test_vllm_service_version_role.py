@@ -53,6 +53,7 @@ def body(tmp_path, venv, extra):
     vllm_service_config_dir: %s/etc
     vllm_service_systemd_dir: %s/systemd
     vllm_service_native_command: [%s/bin/vllm, serve]
+    vllm_service_api_host: 127.0.0.1
     vllm_service_engines: [{name: main, model_path: /nonexistent/model, port: 8000}]
 %s
   roles: [uma.vllm.vllm_service]

@@ -89,9 +89,15 @@ def test_a_port_per_engine_can_be_given():
         ({"rank_link_grace_s": "soon"}, "vllm_service_watchdog_rank_link_grace_s = 'soon' is a string, not a number"),
         ({"backoff_initial_s": 60, "backoff_max_s": 30}, "vllm_service_watchdog_backoff_max_s = 30.0 is below"),
         ({"ram_gib": "-4"}, "vllm_service_ram_gib = -4 is out of range (must be > 0"),
-        ({"healthy_reset_s": 0}, "vllm_service_watchdog_healthy_reset_s = 0 must be a positive number of seconds"),
-        ({"healthy_reset_s": "soon"}, "vllm_service_watchdog_healthy_reset_s = 'soon' must be a positive number"),
-        ({"probe_idle_s": "-60"}, "vllm_service_watchdog_probe_idle_s = -60 must be a positive number of seconds"),
+        (
+            {"healthy_reset_s": 0},
+            "vllm_service_watchdog_healthy_reset_s = 0 is out of range (must be > 0 and <= 604800)",
+        ),
+        ({"healthy_reset_s": "soon"}, "vllm_service_watchdog_healthy_reset_s = 'soon' is a string, not a number"),
+        (
+            {"probe_idle_s": "-60"},
+            "vllm_service_watchdog_probe_idle_s = -60 is out of range (must be > 0 and <= 604800)",
+        ),
     ],
 )
 def test_bad_values_are_refused_naming_the_variable_the_value_and_the_fix(over, words):
@@ -126,7 +132,7 @@ def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
         "Work out each engine's watchdog config on this node (checked by the watchdog's own validation)"
     )
     for first_change in (
-        "Remove the engines set to absent or no longer defined",
+        "Remove the engines set to absent (and, with vllm_service_prune=remove, those no longer defined)",
         "Create the engine user (least privilege, uma.vllm.launch_wrapper)",
     ):
         assert checked < names.index(first_change), first_change
@@ -134,4 +140,6 @@ def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
     changing = [t["name"] for t in before if not any(k in t for k in (
         "ansible.builtin.set_fact", "ansible.builtin.assert", "ansible.builtin.debug", "uma.vllm.vllm_flags",
         "uma.vllm.engine_facts"))]  # fmt: skip
-    assert changing == []  # only checks, plans and read-only facts come first
+    # only checks, plans and read-only facts come first - and the version read, which the plan needs:
+    # its one lasting change is pulling a missing image (the plan is for the vLLM that image has)
+    assert changing == ["Read the vLLM version each engine will run (and check and pull the images)"]
