@@ -69,7 +69,7 @@ _NODE_COUNTS: Dict[str, Dict[str, int]] = {}
 
 def _node_group(nodeid: str) -> Any:
     for key, group in _NODE_GROUPS.items():  # the longer keys first (dict order above)
-        path, _, prefix = key.partition("::")
+        path, _sep, prefix = key.partition("::")
         if ("/" + path + "::") in ("/" + nodeid) and (not prefix or ("::" + prefix) in nodeid):
             return group
     return None
