@@ -12,6 +12,7 @@ import glob
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,9 +57,11 @@ def _disk_tmp() -> str:
 @pytest.fixture
 def work():
     """A temporary directory on a disk that any user can enter (pytest's own is private to
-    root), removed after."""
+    root), removed after. Not world-writable: the guard writes its status only into a directory
+    owned by its own user (or root) that nobody else can write to; _guard() hands it to the user
+    the guard runs as."""
     path = Path(tempfile.mkdtemp(prefix="uma-guard-live-", dir=_disk_tmp()))
-    os.chmod(path, 0o777)
+    os.chmod(path, 0o755)
     try:
         yield path
     finally:
@@ -105,6 +108,8 @@ def _guard(tmp_path, *argv, as_user=None):
     # one, which also shows the program runs on a node's stdlib Python
     python = "/usr/bin/python3" if as_user is not None and os.path.exists("/usr/bin/python3") else sys.executable
     cmd = [python, GUARD, "--name", "live", "--status-file", str(status), *map(str, argv)]
+    if as_user is not None:
+        os.chown(tmp_path, as_user, as_user)  # the status directory belongs to the guard's user
     proc = subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -359,7 +364,14 @@ def test_global_mode_drops_caches_and_changes_no_knob(ckpt, work):
         assert _drop_writes(log) == status["evictions"], status  # what it reports is what it did
         written = _written_paths(log)
         assert "/proc/sys/vm/drop_caches" in written
-        others = {p for p in written if p != "/proc/sys/vm/drop_caches" and not p.startswith(str(work) + "/")}
+        # the status writer opens its temp file relative to the directory it checked (openat on the
+        # directory's fd): strace shows those names without the directory
+        in_work = re.compile(r"\.?status\.json(\.[0-9a-f]+\.tmp)?")
+        others = {
+            p
+            for p in written
+            if p != "/proc/sys/vm/drop_caches" and not p.startswith(str(work) + "/") and not in_work.fullmatch(p)
+        }
         assert others == set()
     else:
         assert _knobs() == before

@@ -127,6 +127,7 @@ def play(tmp_path, model, engines, extra=""):
     vllm_service_systemd_dir: %(tmp)s/systemd
     vllm_service_launcher_bin: %(tmp)s/bin/vllm-uma-launch
     vllm_service_watchdog_enabled: false
+    vllm_service_api_host: 127.0.0.1
     vllm_service_engines: %(engines)s
 %(extra)s
   roles: [uma.vllm.vllm_service]
