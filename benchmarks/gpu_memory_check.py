@@ -284,7 +284,7 @@ def vllm_shaped_peak(torch, config, tokens, probe, device, layers=2):
             "norm1": torch.ones(hid, device=device, dtype=dt),
             "norm2": torch.ones(hid, device=device, dtype=dt),
         }
-        for _ in range(layers)
+        for _layer in range(layers)
     ]
     eps = config.get("rms_norm_eps", 1e-6)
     base = probe.allocated()
