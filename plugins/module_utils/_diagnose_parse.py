@@ -27,12 +27,12 @@ _REL_TIME_RE = re.compile(r"^\[\s*(\d+\.\d+)\]")
 # Small parsers
 # ---------------------------------------------------------------------------
 
-_UNITS = {"B": 1, "KiB": 1024, "MiB": MIB, "GiB": GIB, "TiB": 1024**4, "kB": 1024, "KB": 1024}
+_UNITS = {"B": 1, "bytes": 1, "KiB": 1024, "MiB": MIB, "GiB": GIB, "TiB": 1024**4, "kB": 1024, "KB": 1024}
 
 
 def size_to_bytes(text: str) -> Optional[int]:
-    """'14.75 GiB' -> bytes; None when the text is not a size."""
-    m = re.match(r"\s*(-?[\d.]+)\s*([KMGT]iB|kB|KB|B)\s*$", text or "")
+    """'14.75 GiB' -> bytes ('0 bytes': PyTorch's format for sizes up to 1 KiB); None when not a size."""
+    m = re.match(r"\s*(-?[\d.]+)\s*([KMGT]iB|kB|KB|B|bytes)\s*$", text or "")
     if not m:
         return None
     return int(float(m.group(1)) * _UNITS[m.group(2)])
@@ -214,8 +214,8 @@ _J_PATTERNS: List[Tuple[str, re.Pattern[str]]] = [
     (
         "cuda_oom",
         re.compile(
-            r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)\.(?: GPU (\d*) ?has a total capacity of"
-            r" ([\d.]+ [KMGT]iB) of which ([\d.]+ [KMGT]iB) is free\.)?"
+            r"CUDA out of memory\. Tried to allocate ([\d.]+ (?:[KMGT]?i?B|bytes))\.(?: GPU (\d*) ?has a total"
+            r" capacity of ([\d.]+ (?:[KMGT]iB|bytes)) of which ([\d.]+ (?:[KMGT]iB|bytes)) is free\.)?"
         ),
     ),
     ("cuda_error_oom", re.compile(r"CUDA error: out of memory|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED")),
@@ -258,9 +258,9 @@ _J_PATTERNS: List[Tuple[str, re.Pattern[str]]] = [
 _STAT_PREEMPT = re.compile(r"Preemptions: (\d+)")
 _STAT_KV = re.compile(r"(?:GPU|CPU|\w+) KV cache usage: ([\d.]+)%")
 _STAT_PREFIX = re.compile(r"Prefix cache hit rate: (?:GPU: )?([\d.]+)%")
-_CUDA_RESERVED = re.compile(r"and ([\d.]+ [KMGT]iB) is reserved by PyTorch but unallocated")
-_CUDA_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ [KMGT]iB) is allocated by PyTorch")
-_CUDA_OTHER_PROC = re.compile(r"Process (\d+) has ([\d.]+ [KMGT]iB) memory in use")
+_CUDA_RESERVED = re.compile(r"and ([\d.]+ (?:[KMGT]iB|bytes)) is reserved by PyTorch but unallocated")
+_CUDA_ALLOCATED = re.compile(r"Of the allocated memory ([\d.]+ (?:[KMGT]iB|bytes)) is allocated by PyTorch")
+_CUDA_OTHER_PROC = re.compile(r"Process (\d+) has ([\d.]+ (?:[KMGT]iB|bytes)) memory in use")
 
 # What ends a run of the engine (a new run starts with the next line).
 _RUN_ENDERS = {"exit", "restart", "unit_result", "run_end"}
