@@ -122,10 +122,9 @@ def test_the_commit_goes_into_env_so_a_new_commit_changes_the_launcher_config():
     assert done["env"] == {"X": "1", "UMA_MODEL_COMMIT": COMMIT} and done["hub"]["commit"] == COMMIT
     assert e["env"] == {"X": "1"}  # the input is not changed
     plan = {"argv": ["vllm", "serve", done["model_path"], "--served-model-name", "a/b"], "env": done["env"]}
-    first = vs.launch_config(done, plan, {"runtime": "native", "native_command": ["vllm", "serve"]}, {})
+    first = vs.launch_config(done, plan, NATIVE, {})
     (newer,) = vs.hub_fetched([e], [{"item": e, "commit": "b" * 40}])
-    second = vs.launch_config(newer, dict(plan, env=newer["env"]), {"runtime": "native",
-                                                                    "native_command": ["vllm", "serve"]}, {})  # fmt: skip
+    second = vs.launch_config(newer, dict(plan, env=newer["env"]), NATIVE, {})
     assert first["env"]["UMA_MODEL_COMMIT"] == COMMIT and second["env"]["UMA_MODEL_COMMIT"] == "b" * 40
     assert first != second and first["model_path"] == second["model_path"] == MODELS + "/a/b"
 
