@@ -97,7 +97,7 @@ FETCH_PLAY = """- hosts: all
         mode: "0644"
     - name: Keep what model_fetch verified
       ansible.builtin.copy:
-        content: "{{ __vllm_service_fetched.results | map(attribute='verified') | list | to_json }}"
+        content: "{{ __vllm_service_fetched.results | map(attribute='verified', default=[]) | list | to_json }}"
         dest: "%(tmp)s/{{ inventory_hostname }}.verified.json"
         mode: "0644"
 """
@@ -186,6 +186,12 @@ def test_a_gated_model_through_the_hf_token_secret(tmp_path, hub):
     assert not (tmp_path / "ai1" / "models" / "lab" / "gated").exists()
 
     secrets = 'api_auth: none, secrets: {HF_TOKEN: "%s"}' % TOKEN
+    # check mode on fresh nodes: no token file yet, so that download is not checked; nothing is written
+    proc, out = run(tmp_path, fetch_play(tmp_path, "lab/gated", secrets), inventory(hub.endpoint, hub.endpoint),
+                    "--check")  # fmt: skip
+    assert proc.returncode == 0, out[-4000:]
+    assert "commit not checked (check mode, no token file yet)" in out
+    assert not (tmp_path / "ai1" / "etc").exists() and not (tmp_path / "ai1" / "models").exists()
     proc, out = run(tmp_path, fetch_play(tmp_path, "lab/gated", secrets), inventory(hub.endpoint, hub.endpoint),
                     "-vvv")  # fmt: skip
     assert proc.returncode == 0, out[-4000:]
@@ -236,7 +242,7 @@ def test_the_role_refuses_a_bad_model_before_anything_changes(tmp_path, hub, ven
     proc, out = run(tmp_path, role_play(tmp_path, hub, venv, "../../etc"), "localhost ansible_connection=local\n")
     assert proc.returncode == 2, out[-3000:]
     assert "vllm_service_engines[tiny].model = '../../etc' is not a Hugging Face model id" in out
-    assert not [e for e in hub.log]
+    assert not hub.log
     assert not any((tmp_path / d).exists() for d in ("models", "state", "etc", "systemd"))
 
 

@@ -22,9 +22,10 @@ def engines(*raw, hostname="ai1"):
     return vs.hub_engines(vs.host_engines(list(raw), hostname, "mp"), MODELS)
 
 
-def errors(*raw, settings=SETTINGS, hostname="ai1"):
+def errors(*raw, settings=None, hostname="ai1"):
     found = engines(*raw, hostname=hostname)
-    return found, vs.hub_errors(found, settings, list(raw), hostname) + vs.check(found, NATIVE, ["ai1", "ai2"], {})
+    settings = SETTINGS if settings is None else settings
+    return vs.hub_errors(found, settings, list(raw), hostname) + vs.check(found, NATIVE, ["ai1", "ai2"], {})
 
 
 def test_model_lands_in_the_models_dir_and_is_served_by_its_id():
@@ -48,7 +49,7 @@ def test_served_model_name_given_wins_and_a_model_path_engine_has_none_by_defaul
 
 
 def test_a_good_engine_has_no_errors():
-    _, found = errors({"name": "q", "port": 8000, "host": "127.0.0.1", "model": "lab/tiny-llama", "revision": "v1"})
+    found = errors({"name": "q", "port": 8000, "host": "127.0.0.1", "model": "lab/tiny-llama", "revision": "v1"})
     assert found == []
 
 
@@ -75,7 +76,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("raw, expected", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
 def test_refusals_name_the_option_the_value_and_the_fix(raw, expected):
-    _, found = errors(dict({"name": "q", "port": 8000, "host": "127.0.0.1"}, **raw))
+    found = errors(dict({"name": "q", "port": 8000, "host": "127.0.0.1"}, **raw))
     assert any(expected in err for err in found), found
     assert "hf_abc" not in " ".join(found)
 
@@ -94,11 +95,11 @@ ROLE_REFUSALS = [
 @pytest.mark.parametrize("settings, expected", [r[1:] for r in ROLE_REFUSALS], ids=[r[0] for r in ROLE_REFUSALS])
 def test_role_variables_are_checked_when_an_engine_has_a_model(settings, expected):
     raw = {"name": "q", "port": 8000, "host": "127.0.0.1", "model": "a/b"}
-    _, found = errors(raw, settings=dict(SETTINGS, **settings))
+    found = errors(raw, settings=dict(SETTINGS, **settings))
     assert any(expected in err for err in found), found
     # an inventory without `model` is not bothered by the Hub variables
     raw = {"name": "q", "port": 8000, "host": "127.0.0.1", "model_path": "/m"}
-    _, found = errors(raw, settings=dict(SETTINGS, **settings))
+    found = errors(raw, settings=dict(SETTINGS, **settings))
     assert found == []
 
 
@@ -108,7 +109,7 @@ def test_a_bad_models_dir_gives_no_model_path():
 
 
 def test_two_engines_of_one_model_with_different_revisions_on_one_host_are_refused():
-    _, found = errors(
+    found = errors(
         {"name": "q1", "port": 8000, "host": "127.0.0.1", "model": "a/b"},
         {"name": "q2", "port": 8001, "host": "127.0.0.1", "model": "a/b", "revision": "v2"},
     )
