@@ -3,9 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
 plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins),
-_vllm_service_state.py (restarts, unit states, status) and _vllm_service_files.py (the arguments
-of the role's uma.vllm.node_files task, fingerprints). A refusal of the model (EngineModelError)
-reaches Ansible as AnsibleFilterError with the same text.
+_vllm_service_state.py (restarts, unit states, status), _vllm_service_hub.py (models from the Hub)
+and _vllm_service_files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
+A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from ansible.plugins.filter.core import to_nice_json
 
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub as hub
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
@@ -58,6 +59,11 @@ changed = as_filter(state.changed)
 with_peers = as_filter(state.with_peers)
 unit_actions = as_filter(state.unit_actions)
 shell_env = as_filter(model.shell_env)
+hub_engines = as_filter(hub.hub_engines)
+hub_errors = as_filter(hub.hub_errors)
+hub_fetched = as_filter(hub.fetched)
+hub_commits = as_filter(hub.commits)
+hub_rank_errors = as_filter(hub.rank_errors)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -97,6 +103,11 @@ class FilterModule:
             "vllm_service_with_peers": with_peers,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
+            "vllm_service_hub_engines": hub_engines,
+            "vllm_service_hub_errors": hub_errors,
+            "vllm_service_hub_fetched": hub_fetched,
+            "vllm_service_hub_commits": hub_commits,
+            "vllm_service_hub_rank_errors": hub_rank_errors,
             "vllm_service_version_scripts": version_scripts,
             "vllm_service_version_probes": version.probes,
             "vllm_service_version_probe_argv": version.probe_argv,

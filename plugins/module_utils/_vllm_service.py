@@ -245,11 +245,11 @@ def _check_port(where: str, engine: Dict[str, Any], seen_ports: Dict[int, str]) 
 
 def _check_paths_and_env(where: str, engine: Dict[str, Any]) -> List[str]:
     errors = []
-    model_path = engine.get("model_path")
-    if not isinstance(model_path, str) or not model_path.startswith("/"):
+    model_path = engine.get("model_path")  # with model (a Hub id): _vllm_service_hub.py checks both
+    if engine.get("model") is None and (not isinstance(model_path, str) or not model_path.startswith("/")):
         errors.append(
             _err(where + ".model_path", model_path, "is not an absolute path",
-                 "Give the model directory on the node, e.g. /models/Qwen3-32B.")
+                 "Give the model directory on the node (e.g. /models/Qwen3-32B), or model: a Hub id.")
         )  # fmt: skip
     for kind, keys in (("env", list(engine.get("env") or {})), ("secrets", engine.get("secret_keys") or [])):
         for key in keys:

@@ -141,5 +141,10 @@ def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
         "ansible.builtin.set_fact", "ansible.builtin.assert", "ansible.builtin.debug", "uma.vllm.vllm_flags",
         "uma.vllm.engine_facts"))]  # fmt: skip
     # only checks, plans and read-only facts come first - and the version read, which the plan needs:
-    # its one lasting change is pulling a missing image (the plan is for the vLLM that image has)
-    assert changing == ["Read the vLLM version each engine will run (and check and pull the images)"]
+    # its one lasting change is pulling a missing image (the plan is for the vLLM that image has);
+    # likewise downloading an engine's model from the Hub (the plan reads the model's config.json),
+    # after the Hub settings themselves were checked (issue 21 item 3)
+    assert changing == [
+        "Read the vLLM version each engine will run (and check and pull the images)",
+        "Download the engines' models from the Hub and verify them on every node",
+    ]
