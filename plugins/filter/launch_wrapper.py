@@ -7,7 +7,10 @@ launcher config, thin wrappers over plugins/module_utils/_launch_wrapper.py.
 - ``launch_wrapper_engine_config``: one engine mapping -> the config (a dict);
 - ``launch_wrapper_engine_files``: engine mappings -> ``uma.vllm.node_files`` entries
   ``{path: <config_dir>/engines/<name>.json, mode: "0644", content}``, the content rendered by
-  ansible-core's own ``to_nice_json(indent=2)`` plus a newline (what the role has always written).
+  ansible-core's own ``to_nice_json(indent=2)`` plus a newline (what the role has always written);
+- ``launch_wrapper_node_config_errors``: the node-wide ``launch.json`` the role renders -> the
+  messages of the launcher's own checks it fails (``_launch_config.check_node_values``), each
+  naming the role variable; empty when the launcher takes it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any, Dict, List, Optional
 from ansible.errors import AnsibleFilterError
 from ansible.plugins.filter.core import to_nice_json
 
+from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
 from ansible_collections.uma.vllm.plugins.module_utils import _launch_wrapper as model
+from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 
 
 def engine_config(engine: Dict[str, Any], managed: Optional[str] = None) -> Dict[str, Any]:
@@ -38,6 +43,33 @@ def engine_files(engines: List[Dict[str, Any]], config_dir: str, managed: Option
     ]
 
 
+# launch.json keys whose role variable is not launch_wrapper_<key>
+_ROLE_VARIABLE = {
+    "guard_interval": "launch_wrapper_guard_interval_s",
+    "guard_max_duration": "launch_wrapper_guard_max_duration_s",
+}
+
+
+def node_config_errors(config: Dict[str, Any]) -> List[str]:
+    """What the launcher would refuse in the node-wide launch.json, at every engine start (exit 78)."""
+    if not isinstance(config, dict):
+        raise AnsibleFilterError("launch_wrapper_node_config_errors expects a mapping, got %s" % type(config).__name__)
+    try:
+        _launch_config.check_node_values(config)
+    except UmaError as err:
+        key = str(err.option).split(".", 1)[0]
+        variable = _ROLE_VARIABLE.get(key, "launch_wrapper_" + key)
+        return [
+            "%s: %s (in launch.json the launcher would refuse it at every engine start, exit 78)"
+            % (variable, err.message)
+        ]
+    return []
+
+
 class FilterModule:
     def filters(self):
-        return {"launch_wrapper_engine_config": engine_config, "launch_wrapper_engine_files": engine_files}
+        return {
+            "launch_wrapper_engine_config": engine_config,
+            "launch_wrapper_engine_files": engine_files,
+            "launch_wrapper_node_config_errors": node_config_errors,
+        }

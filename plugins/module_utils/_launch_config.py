@@ -18,7 +18,7 @@ import os
 import pwd
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
@@ -129,24 +129,12 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
     if model is None and config["pre_evict"] == "files":
         # nothing to evict by file before the load (the default pre_evict): no pre-load eviction
         config["pre_evict"] = "none"
-    for key in _BOOLEANS:
-        _checks.boolean(key, config.get(key), "Give true or false (a JSON boolean, not a string).")
-    guard_config(config)
-    for key, low, high, above in _DURATIONS:
-        config[key] = _checks.seconds(key, config.get(key), high, _SECONDS_FIX % DEFAULTS[key], low, above)
-    ra = config.get("readahead_kb")
-    if ra is not None:
-        config["readahead_kb"] = _checks.number(
-            "readahead_kb", ra, 0, READAHEAD_MAX_KB, "Give e.g. 8, or null for no window.", integer=True
-        )
-    if ra is not None and model is None:
+    _check_limits(config, guard_config)
+    if config.get("readahead_kb") is not None and model is None:
         raise UmaError(
-            "readahead_kb", ra, "needs model_path to find the device", "Give model_path or drop readahead_kb."
-        )
-    need = config.get("admission_request_bytes")
-    if need is not None:
-        _checks.number("admission_request_bytes", need, 0, MAX_REQUEST_BYTES, "Give e.g. 34359738368, or null.",
-                       integer=True, above=True)  # fmt: skip
+            "readahead_kb", config["readahead_kb"], "needs model_path to find the device",
+            "Give model_path or drop readahead_kb.",
+        )  # fmt: skip
     _check_env(config.get("env"))
     plan = config.get("plan")
     if plan is not None and not isinstance(plan, dict):
@@ -154,6 +142,47 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
     config["_identity"] = engine_identity(config)
     return config
+
+
+def _check_limits(config: Dict[str, Any], guard: Callable[[Dict[str, Any]], Any]) -> None:
+    """The booleans, the guard (``guard(config)``), the durations and the sizes: exact types, named ranges."""
+    for key in _BOOLEANS:
+        _checks.boolean(key, config.get(key), "Give true or false (a JSON boolean, not a string).")
+    guard(config)
+    for key, low, high, above in _DURATIONS:
+        config[key] = _checks.seconds(key, config.get(key), high, _SECONDS_FIX % DEFAULTS[key], low, above)
+    if config.get("readahead_kb") is not None:
+        config["readahead_kb"] = _checks.number(
+            "readahead_kb", config["readahead_kb"], 0, READAHEAD_MAX_KB, "Give e.g. 8, or null for no window.",
+            integer=True,
+        )  # fmt: skip
+    need = config.get("admission_request_bytes")
+    if need is not None:
+        _checks.number("admission_request_bytes", need, 0, MAX_REQUEST_BYTES, "Give e.g. 34359738368, or null.",
+                       integer=True, above=True)  # fmt: skip
+
+
+def check_node_values(layer: Dict[str, Any]) -> None:
+    """The node-wide ``launch.json`` (as the launch_wrapper role renders it) against the launcher's own
+    checks that need nothing from the node; UmaError names the first key that fails.
+
+    The role runs this on the controller (filter ``uma.vllm.launch_wrapper_node_config_errors``)
+    before anything changes on a node, instead of the launcher refusing every start (exit 78).
+    Left to the node: the engine user and groups (they must exist there) and the model path.
+    """
+    raw = {k: v for k, v in (layer or {}).items() if k != "_comment"}
+    _checks.known_keys(raw, KNOWN_KEYS, "a launcher")
+    config = merge_config(raw)
+    if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
+        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
+    for key in _PATHS:
+        _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
+    if config.get("guard_mode") not in _guard_config.MODES:
+        raise UmaError("guard_mode", config.get("guard_mode"), "is not a guard mode",
+                       "Use one of %s." % ", ".join(_guard_config.MODES))  # fmt: skip
+    # the guard's numbers by its own validator; its paths (the engine's model) are the node's
+    _check_limits(config, lambda values: guard_config(dict(values, engine="check", guard_mode="global")))
+    _umask(config.get("engine_umask"))  # the launcher reads it once an engine runs as a user
 
 
 def _check_command(config: Dict[str, Any]) -> None:
@@ -226,12 +255,15 @@ def engine_identity(config: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     home = config.get("engine_home")
     home = entry.pw_dir if home in (None, "") else home
     home = _checks.path("engine_home", home, "Give the engine user's home, e.g. /var/lib/uma-vllm/home.")
-    umask = config.get("engine_umask")
-    if isinstance(umask, str) and re.match(r"^0?[0-7]{3}$", umask):
-        umask = int(umask, 8)
-    if isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777:
-        raise UmaError("engine_umask", config.get("engine_umask"), "is not an octal umask", 'Give e.g. "0027".')
+    umask = _umask(config.get("engine_umask"))
     return {"user": user, "uid": entry.pw_uid, "gid": gid, "groups": gids, "home": home, "umask": umask}
+
+
+def _umask(value: Any) -> int:
+    umask = int(value, 8) if isinstance(value, str) and re.match(r"^0?[0-7]{3}$", value) else value
+    if isinstance(umask, bool) or not isinstance(umask, int) or not 0 <= umask <= 0o777:
+        raise UmaError("engine_umask", value, "is not an octal umask", 'Give e.g. "0027".')
+    return umask
 
 
 def guard_config(config: Dict[str, Any]) -> Any:

@@ -86,6 +86,8 @@ def validate_cluster(cluster: Any) -> Optional[Dict[str, Any]]:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 86400:
         raise UmaError("cluster.peer_timeout_s", timeout, "is not a number of seconds in (0, 86400]", "Give e.g. 600.")
     out["peer_timeout_s"] = float(timeout)
+    if not isinstance(out.get("compare", True), bool):  # exactly: bool("false") is True
+        raise UmaError("cluster.compare", out["compare"], "is not a boolean", "Give true or false (not a string).")
     out["compare"] = bool(out.get("compare", True))
     return out
 

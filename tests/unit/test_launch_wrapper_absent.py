@@ -18,12 +18,10 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _paths
+from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _node_programs, _paths
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PROGRAMS = yaml.safe_load((ROOT / "roles" / "launch_wrapper" / "vars" / "main.yml").read_text())[
-    "__launch_wrapper_programs"
-]
+PROGRAMS = _node_programs.program_names()  # what uma.vllm.node_files installs (programs: true)
 RESTORER = ["_blockdev.py", "_common.py", "_paths.py"]
 
 

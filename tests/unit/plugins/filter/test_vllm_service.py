@@ -9,21 +9,12 @@ import subprocess
 import sys
 
 import pytest
+from vllm_service_cases import ADDRS, HOSTS, MODEL, NATIVE, engine, one, plan
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as vsf
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as vss
 
-MODEL = "/models/tiny"
-NATIVE = {
-    "runtime": "native",
-    "native_command": ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"],
-    "native_model_flag": "--model",
-    "api_host": "0.0.0.0",
-    "ray_command": ["ray"],
-    "node_addr": "10.0.0.2",
-    "ifnames": {"nccl": "enp1s0f1np1", "gloo": "enp1s0f1np1", "ucx": "enp1s0f1np1"},
-}
 DOCKER = dict(
     NATIVE,
     runtime="container",
@@ -35,23 +26,6 @@ DOCKER = dict(
     container_options=["--ulimit", "memlock=-1"],
     hf_cache="/root/.cache/huggingface",
 )
-HOSTS = ["ai1", "ai2", "ai3"]
-ADDRS = {"ai1": "10.0.0.1"}
-
-
-def engine(**kw):
-    base = {"name": "e", "port": 8000, "model_path": MODEL}
-    base.update(kw)
-    return base
-
-
-def plan(argv_tail=(), budget=None, env=None):
-    return {"argv": ["vllm", "serve", MODEL, *argv_tail], "env": env or {}, "budget": budget or {"kv_cache_bytes": 1}}
-
-
-def one(hostname, **kw):
-    (e,) = vs.host_engines([engine(**kw)], hostname, "mp")
-    return e
 
 
 # --------------------------------------------------------------------------- selection

@@ -7,41 +7,15 @@ import json
 import os
 
 import pytest
+from vllm_service_cases import ADDRS, HOSTS, NATIVE, engine, one, plan
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-MODEL = "/models/tiny"
-NATIVE = {
-    "runtime": "native",
-    "native_command": ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"],
-    "native_model_flag": "--model",
-    "api_host": "0.0.0.0",
-    "ray_command": ["ray"],
-    "node_addr": "10.0.0.2",
-    "ifnames": {"nccl": "enp1s0f1np1", "gloo": "enp1s0f1np1", "ucx": "enp1s0f1np1"},
-}
-HOSTS = ["ai1", "ai2", "ai3"]
-ADDRS = {"ai1": "10.0.0.1"}
-
-
-def engine(**kw):
-    base = {"name": "e", "port": 8000, "model_path": MODEL}
-    base.update(kw)
-    return base
 
 
 def keyed(e):
     return dict(e, secrets=dict({"VLLM_API_KEY": "k"}, **(e.get("secrets") or {})))
-
-
-def plan(argv_tail=(), budget=None, env=None):
-    return {"argv": ["vllm", "serve", MODEL, *argv_tail], "env": env or {}, "budget": budget or {"kv_cache_bytes": 1}}
-
-
-def one(hostname, **kw):
-    (e,) = vs.host_engines([engine(**kw)], hostname, "mp")
-    return e
 
 
 # issue 21: an API beyond loopback needs a key unless api_auth: none; an empty secret is refused

@@ -1,6 +1,7 @@
 """The launcher runs from the flat directory the launch_wrapper role installs, as on a node.
 
-The role copies ``__launch_wrapper_programs`` into one directory and systemd runs
+uma.vllm.node_files (``programs: true``, the role's install task) copies
+``_node_programs.NODE_PROGRAMS`` into one directory and systemd runs
 ``python3 uma_launch.py`` there, without Ansible: every import takes its plain-sibling
 fallback. test_node_programs checks the list against the imports statically; this runs
 the copied set with ``python3 -S`` (no site-packages, so no ``ansible_collections``) and a
@@ -10,26 +11,12 @@ bad configuration, which must be refused with exit 78 and the option named, not 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
-import yaml
+import node_helpers
 
 from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
-
-
-def flat_copy(tmp_path):
-    with open(os.path.join(ROOT, "roles", "launch_wrapper", "vars", "main.yml"), encoding="utf-8") as handle:
-        programs = yaml.safe_load(handle)["__launch_wrapper_programs"]
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    for name in programs:
-        shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), str(lib / name))
-    return lib
 
 
 def run_flat(lib, *args):
@@ -41,7 +28,7 @@ def run_flat(lib, *args):
 
 
 def test_the_installed_set_imports_and_refuses_a_bad_config_with_78(tmp_path):
-    lib = flat_copy(tmp_path)
+    lib = node_helpers.flat_copy(tmp_path)
     proc = run_flat(
         lib, "--engine", "flat", "--node-config", "/nonexistent", "--health-url", "http://127.0.0.1:1/health",
         "--model-path", str(tmp_path / "absent"), "--", "true",
@@ -52,14 +39,14 @@ def test_the_installed_set_imports_and_refuses_a_bad_config_with_78(tmp_path):
 
 
 def test_the_installed_set_prints_its_help(tmp_path):
-    proc = run_flat(flat_copy(tmp_path), "--help")
+    proc = run_flat(node_helpers.flat_copy(tmp_path), "--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: vllm-uma-launch")
 
 
 def test_a_missing_part_fails_on_the_node(tmp_path):
     """The check can fail: without _launch_node.py the launcher cannot start."""
-    lib = flat_copy(tmp_path)
+    lib = node_helpers.flat_copy(tmp_path)
     os.unlink(str(lib / "_launch_node.py"))
     proc = run_flat(lib, "--help")
     assert proc.returncode != 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import os
 
-import pytest
 import yaml
 
 from ansible_collections.uma.vllm.plugins.module_utils import _guard_service, _node_programs
@@ -55,7 +54,7 @@ def role_programs(role: str, var: str) -> set:
 
 
 def role_program_list(role: str, var: str):
-    """The role's list as written, or None once the role installs through uma.vllm.node_files."""
+    """The role's list as written (None where the role has none)."""
     with open(os.path.join(ROOT, "roles", role, "vars", "main.yml"), encoding="utf-8") as handle:
         return yaml.safe_load(handle).get(var)
 
@@ -69,15 +68,6 @@ def test_the_closure_finds_the_guards_parts():
 NODE_PROGRAM_CLOSURE = closure("uma_launch.py") | closure("uma_guard.py") | closure("uma_watchdog.py")
 
 
-@pytest.mark.parametrize("program", ["uma_launch.py", "uma_guard.py"])
-def test_launch_wrapper_ships_everything_its_programs_import(program):
-    programs = role_program_list("launch_wrapper", "__launch_wrapper_programs")
-    if programs is None:  # the role installs through node_files: NODE_PROGRAMS is checked below
-        programs = _node_programs.program_names()
-    missing = closure(program) - set(programs)
-    assert not missing, "roles/launch_wrapper/vars/main.yml __launch_wrapper_programs lacks %s" % sorted(missing)
-
-
 def test_node_programs_is_the_import_closure_of_the_three_programs():
     """uma.vllm.node_files (programs: true) installs exactly this set: nothing missing, nothing extra."""
     names = _node_programs.program_names()
@@ -87,11 +77,32 @@ def test_node_programs_is_the_import_closure_of_the_three_programs():
     )
 
 
-def test_the_roles_list_if_present_is_node_programs():
-    """Until the role switches to node_files and drops its list, both say the same, in the same order."""
+def differ(written, where):
+    """Why a hand-written program list is not NODE_PROGRAMS (in its order), or '' when it is."""
+    names = _node_programs.program_names()
+    if written == names:
+        return ""
+    return "%s is not NODE_PROGRAMS (plugins/module_utils/_node_programs.py): missing %s, extra %s%s" % (
+        where,
+        sorted(set(names) - set(written)),
+        sorted(set(written) - set(names)),
+        ", or in another order: write it as %s" % names if set(written) == set(names) else "",
+    )
+
+
+def test_differ_names_what_is_missing_extra_or_out_of_order():
+    names = _node_programs.program_names()
+    assert differ(list(names), "x") == ""
+    assert "missing ['uma_watchdog.py'], extra []" in differ([n for n in names if n != "uma_watchdog.py"], "x")
+    assert "extra ['_readahead.py']" in differ([*names, "_readahead.py"], "x")
+    assert "in another order" in differ(list(reversed(names)), "x")
+
+
+def test_the_launch_wrapper_roles_list_is_node_programs():
+    """node_files installs NODE_PROGRAMS; state=absent removes __launch_wrapper_programs: the same, in order."""
     programs = role_program_list("launch_wrapper", "__launch_wrapper_programs")
-    if programs is not None:
-        assert programs == _node_programs.program_names()
+    assert programs is not None, "roles/launch_wrapper/vars/main.yml has no __launch_wrapper_programs"
+    assert not differ(programs, "roles/launch_wrapper/vars/main.yml __launch_wrapper_programs")
 
 
 def test_drop_cache_loop_installs_everything_the_guard_imports():
@@ -106,8 +117,8 @@ def test_monitoring_ships_everything_its_collector_imports():
         assert not missing, "roles/monitoring/vars/main.yml __monitoring_programs lacks %s" % sorted(missing)
 
 
-def test_the_alerts_scenario_installs_everything_the_watchdog_imports():
-    """molecule/monitoring_alerts copies the watchdog by hand: its list follows the imports too."""
+def test_the_alerts_scenario_installs_node_programs():
+    """molecule/monitoring_alerts copies the programs by hand (not through the role): NODE_PROGRAMS, in order."""
     with open(os.path.join(ROOT, "molecule", "monitoring_alerts", "prepare.yml"), encoding="utf-8") as handle:
         plays = yaml.safe_load(handle)
     lists = [
@@ -117,8 +128,7 @@ def test_the_alerts_scenario_installs_everything_the_watchdog_imports():
         if "uma_watchdog.py" in (task.get("loop") or [])
     ]
     assert len(lists) == 1, "the task that installs uma_watchdog.py was not found"
-    missing = closure("uma_watchdog.py") - set(lists[0])
-    assert not missing, "molecule/monitoring_alerts/prepare.yml lacks %s" % sorted(missing)
+    assert not differ(lists[0], "molecule/monitoring_alerts/prepare.yml's install loop")
 
 
 def test_readahead_window_installs_everything_its_restorer_imports():

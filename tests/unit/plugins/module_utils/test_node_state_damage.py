@@ -25,22 +25,18 @@ import io
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
-import sys
 import time
 import types
 
+import node_helpers
 import pytest
-import yaml
 
 from ansible_collections.uma.vllm.plugins.module_utils import _common, _launch_node, _metrics, uma_launch
 from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
-NODE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+NODE_PYTHON = node_helpers.NODE_PYTHON
 GOOD = {dict: {"engine": "victim", "pid": 1, "epoch": 9}, list: [{"action": "victim"}]}
 
 
@@ -85,22 +81,7 @@ def damage_cases(kind):
 
 
 def watchdog_cfg(tmp_path):
-    proc = tmp_path / "proc"
-    proc.mkdir(exist_ok=True)
-    (proc / "meminfo").write_text("MemTotal: 25165824 kB\nMemFree: 1048576 kB\nMemAvailable: 16777216 kB\n")
-    raw = {
-        "engine": "main",
-        "base_url": "http://127.0.0.1:9",
-        "systemctl": "/bin/false",  # no systemd here: the unit reads as unknown, the watchdog only watches
-        "meminfo_root": str(proc),
-        "cgroup_root": str(tmp_path / "no-cgroup"),
-        "state_dir": str(tmp_path / "state"),
-        "textfile_dir": str(tmp_path / "textfile"),
-        "interval_s": 0.2,
-    }
-    path = tmp_path / "watchdog.json"
-    path.write_text(json.dumps(raw))
-    return path
+    return node_helpers.watchdog_config(tmp_path, tmp_path / "state", tmp_path / "textfile", interval_s=0.2)
 
 
 # ---- each reader, each damage: set aside, said once, fresh state
@@ -213,16 +194,6 @@ def test_a_good_state_file_is_read_and_nothing_is_said(tmp_path, capsys):
 # ---- the real programs, as the node runs them
 
 
-def flat_copy(tmp_path):
-    with open(os.path.join(ROOT, "roles", "launch_wrapper", "vars", "main.yml"), encoding="utf-8") as handle:
-        programs = yaml.safe_load(handle)["__launch_wrapper_programs"]
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    for name in programs:
-        shutil.copy(os.path.join(ROOT, "plugins", "module_utils", name), str(lib / name))
-    return lib
-
-
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -237,7 +208,7 @@ def run_watchdog(lib, cfg, ticks=1):
 def test_the_watchdog_starts_on_a_damaged_events_file(tmp_path, content):
     """Regression: a number or true crashed the watchdog at start (a restart loop); a string or an
     object was silently rewritten."""
-    lib = flat_copy(tmp_path)
+    lib = node_helpers.flat_copy(tmp_path)
     cfg = watchdog_cfg(tmp_path)
     events = tmp_path / "state" / "watchdog" / "main" / "events.json"
     events.parent.mkdir(parents=True)
@@ -322,7 +293,7 @@ def _check_whole(root):
 
 
 def test_sigkill_at_random_points_of_the_writes_leaves_every_file_whole(tmp_path, capsys):
-    lib = flat_copy(tmp_path)
+    lib = node_helpers.flat_copy(tmp_path)
     cfg = watchdog_cfg(tmp_path)
     for name in ("run", "none"):
         (tmp_path / name).mkdir()
@@ -377,7 +348,7 @@ ZEROING = [
 
 @pytest.mark.parametrize("how, damage", ZEROING, ids=[z[0] for z in ZEROING])
 def test_each_state_file_truncated_or_zeroed_then_the_programs_start_again(tmp_path, how, damage):
-    lib = flat_copy(tmp_path)
+    lib = node_helpers.flat_copy(tmp_path)
     cfg = watchdog_cfg(tmp_path)
     rng = random.Random(how)
     assert run_watchdog(lib, cfg, ticks=2).returncode == 0  # the watchdog's own state and events

@@ -21,6 +21,7 @@ import stat
 import time
 import types
 
+import node_helpers
 import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils import (
@@ -38,46 +39,20 @@ VICTIM_MODE = 0o600
 
 
 def watchdog_cfg(tmp_path, state_dir, textfile_dir=None):
-    """A watchdog config whose every path is under tmp_path (systemctl: /bin/false, no engine)."""
-    proc = tmp_path / "proc"
-    proc.mkdir(exist_ok=True)
-    (proc / "meminfo").write_text("MemTotal: 25165824 kB\nMemFree: 1048576 kB\nMemAvailable: 16777216 kB\n")
-    raw = {
-        "engine": "main",
-        "base_url": "http://127.0.0.1:9",
-        "systemctl": "/bin/false",
-        "meminfo_root": str(proc),
-        "cgroup_root": str(tmp_path / "no-cgroup"),
-        "state_dir": str(state_dir),
-        "textfile_dir": str(textfile_dir) if textfile_dir else None,
-    }
-    path = tmp_path / "watchdog.json"
-    path.write_text(json.dumps(raw))
-    return wd.load_config(str(path))
+    """A loaded watchdog config whose every path is under tmp_path (systemctl: /bin/false, no engine)."""
+    return wd.load_config(str(node_helpers.watchdog_config(tmp_path, state_dir, textfile_dir)))
 
 
 def launch(tmp_path, state_dir, lock_path):
     """A real Launch whose run stops at admission (exit 75): it takes the lock and writes its record."""
-    proc = tmp_path / "proc"
-    proc.mkdir(exist_ok=True)
-    (proc / "meminfo").write_text("MemTotal: 134217728 kB\nMemFree: 1 kB\nMemAvailable: 1 kB\n")
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    config = uma_launch.validate(
-        uma_launch.merge_config(
-            {
-                "engine": "e1",
-                "command": ["true"],
-                "health_url": "http://127.0.0.1:1/health",
-                "model_path": str(model),
-                "state_dir": str(state_dir),
-                "lock_path": str(lock_path),
-                "proc_root": str(proc),
-                "plan": {"requested_memory_bytes": 1 << 40, "ranks_per_node": 1},
-                "admission_wait_s": 0,
-                "guard": False,
-            }
-        )
+    config = node_helpers.launch_config(
+        tmp_path,
+        "MemTotal: 134217728 kB\nMemFree: 1 kB\nMemAvailable: 1 kB\n",
+        state_dir=str(state_dir),
+        lock_path=str(lock_path),
+        plan={"requested_memory_bytes": 1 << 40, "ranks_per_node": 1},
+        admission_wait_s=0,
+        guard=False,
     )
     return uma_launch.Launch(config, uma_launch.Log("e1", out=io.StringIO()))
 

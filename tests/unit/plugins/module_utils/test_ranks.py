@@ -107,6 +107,22 @@ def test_a_single_node_engine_has_no_cluster():
     assert ok["peer_timeout_s"] == 600.0 and ok["compare"] is True
 
 
+@pytest.mark.parametrize("value", ["false", "no", 0, 1, None, [], "true"])
+def test_compare_must_be_a_boolean(value):
+    """Regression: bool() took the string "false" (and 1, "no") as true - the ranks compared after all."""
+    cluster = {"nnodes": 2, "rank": 1, "link_port": 29511, "head_addr": "10.0.0.1", "compare": value}
+    with pytest.raises(UmaError) as err:
+        _ranks.validate_cluster(cluster)
+    assert err.value.option == "cluster.compare" and "is not a boolean" in err.value.message
+    assert "Give true or false" in err.value.message
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_compare_keeps_a_boolean(value):
+    cluster = {"nnodes": 2, "rank": 1, "link_port": 29511, "head_addr": "10.0.0.1", "compare": value}
+    assert _ranks.validate_cluster(cluster)["compare"] is value
+
+
 # ---------------------------------------------------------------- rank processes
 
 

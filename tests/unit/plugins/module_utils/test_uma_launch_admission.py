@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 
+import node_helpers
 import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
@@ -14,36 +15,23 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 GIB = 1 << 30
 
 
-def write_meminfo(root, available):
-    (root / "meminfo").write_text(
-        "MemTotal:       %d kB\nMemFree:        %d kB\nMemAvailable:   %d kB\n"
-        % (128 * GIB // 1024, available // 1024, available // 1024)
+def meminfo_text(available):
+    return "MemTotal:       %d kB\nMemFree:        %d kB\nMemAvailable:   %d kB\n" % (
+        128 * GIB // 1024,
+        available // 1024,
+        available // 1024,
     )
+
+
+def write_meminfo(root, available):
+    (root / "meminfo").write_text(meminfo_text(available))
 
 
 def make(tmp_path, available, plan=None, **extra):
-    proc = tmp_path / "proc"
-    proc.mkdir(exist_ok=True)
-    write_meminfo(proc, available)
-    model = tmp_path / "model"
-    model.mkdir(exist_ok=True)
-    (model / "model.safetensors").write_bytes(b"\0" * 4096)
-    config = uma_launch.validate(
-        uma_launch.merge_config(
-            {
-                "engine": "e1",
-                "command": ["true"],
-                "health_url": "http://127.0.0.1:1/health",
-                "model_path": str(model),
-                "state_dir": str(tmp_path / "state"),
-                "lock_path": str(tmp_path / "lock"),
-                "proc_root": str(proc),
-                "plan": plan,
-                **extra,
-            }
-        )
-    )
-    return uma_launch.Launch(config, uma_launch.Log("e1", out=io.StringIO())), proc
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"\0" * 4096)
+    config = node_helpers.launch_config(tmp_path, meminfo_text(available), plan=plan, **extra)
+    return uma_launch.Launch(config, uma_launch.Log("e1", out=io.StringIO())), tmp_path / "proc"
 
 
 PLAN = {"requested_memory_bytes": 40 * GIB, "ranks_per_node": 1}

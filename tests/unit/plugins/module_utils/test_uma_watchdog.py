@@ -30,6 +30,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import node_helpers
 import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
@@ -42,8 +43,7 @@ MODULE_UTILS = os.path.dirname(os.path.abspath(wd.__file__))
 KIB = 1024
 GIB = 1 << 30
 SECRET = "sk-test-do-not-log-4711"
-# the node's python3 without the venv's site-packages: the program must need the stdlib only
-NODE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+NODE_PYTHON = node_helpers.NODE_PYTHON  # the node's python3 without the venv's site-packages
 
 
 # --------------------------------------------------------------------------
@@ -736,13 +736,7 @@ def free_port():
 
 
 def test_runs_standalone_and_refuses_bad_config_in_one_line(tmp_path, nodes, engine):
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    for name in ("uma_watchdog.py", "_watchdog_counters.py", "_watchdog_logic.py", "_watchdog_probes.py",
-                 "uma_guard.py", "_common.py", "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py",
-                 "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py", "_guard_sweeper.py",
-                 "_guard_watch.py", "_paths.py", "_sysctl_files.py", "_config_checks.py"):  # fmt: skip
-        (lib / name).write_text(open(os.path.join(MODULE_UTILS, name)).read())
+    lib = node_helpers.flat_copy(tmp_path)  # every NODE_PROGRAMS file, as node_files installs them
     env = {"PATH": os.environ["PATH"], "VLLM_API_KEY": SECRET}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"engine": "main", "fail_threshold": 0}))
