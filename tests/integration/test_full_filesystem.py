@@ -10,11 +10,13 @@ Needs root and mount (it is what CI runs as); UMA_REQUIRE_TOOLS=1 turns a skip i
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,11 +44,40 @@ def full_fs(tmp_path):
     mnt.mkdir()
     subprocess.run(["truncate", "-s", "4M", str(image)], check=True)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], check=True)
+    # Attaching a loop device sets its read_ahead_kb from the backing file (2560 on this
+    # machine) and detaching does not put it back: the machine's value is restored after.
+    before = _loop_read_ahead()
     subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], check=True)
     try:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+        _restore_loop_read_ahead(before)
+
+
+def _loop_read_ahead():
+    """read_ahead_kb of every loop device not attached now (the ones a mount may take)."""
+    out = {}
+    for queue in glob.glob("/sys/block/loop*/queue/read_ahead_kb"):
+        dev = queue.split("/")[3]
+        if not os.path.exists("/sys/block/%s/loop" % dev):
+            with open(queue) as handle:
+                out[queue] = handle.read().strip()
+    return out
+
+
+def _restore_loop_read_ahead(before):
+    for queue, value in before.items():
+        dev = queue.split("/")[3]
+        for _attempt in range(20):  # the autoclear detach can lag the umount
+            if not os.path.exists("/sys/block/%s/loop" % dev):
+                break
+            time.sleep(0.25)
+        with open(queue) as handle:
+            now = handle.read().strip()
+        if now != value:
+            with open(queue, "w") as handle:
+                handle.write(value)
 
 
 def fill(mnt):
