@@ -73,6 +73,7 @@ else
   docker rm -f "$tmp" >/dev/null
   if [ "$(docker image inspect -f '{{json .Config.Entrypoint}}' "$node_image")" != null ]; then
     echo "build-engine-image.sh: $node_image has an entrypoint; its systemd CMD would not run" >&2
+    docker rmi "$node_image" >/dev/null  # not reused as current by the next run
     exit 1
   fi
   log "image $node_image built in ${SECONDS} s ($(docker image inspect -f '{{.Size}}' "$node_image" | awk '{printf "%.0f MB", $1/1e6}'))"
