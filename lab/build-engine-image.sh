@@ -57,17 +57,25 @@ else
   docker rm -f "$tmp" >/dev/null 2>&1 || true
   # Without systemd running: the packages' postinst only enables the units (deb-systemd-invoke
   # cannot start them here); the node's systemd starts containerd and docker at boot.
-  docker run --name "$tmp" --entrypoint /bin/sh "$base" -c "
+  # No --entrypoint here: `docker commit` keeps a run's entrypoint (its `-c 'ENTRYPOINT []'` does
+  # not clear it on Docker 20.10), and an image with ENTRYPOINT /bin/sh runs its CMD as
+  # `/bin/sh /bin/sh -c ...` (seen: "Syntax error: word unexpected", the node exits at once).
+  docker run --name "$tmp" "$base" /bin/sh -c "
     set -e
     export DEBIAN_FRONTEND=noninteractive
     apt-get install -y -qq --no-install-recommends docker.io >/dev/null 2>/tmp/apt.err || { cat /tmp/apt.err; exit 1; }
     rm -rf /var/cache/apt/archives/*.deb
     mkdir -p /etc/docker
     echo '$daemon_json' >/etc/docker/daemon.json" >&2
-  docker commit -c 'ENTRYPOINT []' \
+  docker commit \
     -c 'CMD ["/bin/sh", "-c", "mount -o remount,rw /proc/sys && mount -o remount,rw /sys && exec /lib/systemd/systemd"]' \
     -c "LABEL uma.lab.fingerprint=$node_fp" "$tmp" "$node_image" >/dev/null
   docker rm -f "$tmp" >/dev/null
+  if [ "$(docker image inspect -f '{{json .Config.Entrypoint}}' "$node_image")" != null ]; then
+    echo "build-engine-image.sh: $node_image has an entrypoint; its systemd CMD would not run" >&2
+    docker rmi "$node_image" >/dev/null  # not reused as current by the next run
+    exit 1
+  fi
   log "image $node_image built in ${SECONDS} s ($(docker image inspect -f '{{.Size}}' "$node_image" | awk '{printf "%.0f MB", $1/1e6}'))"
 fi
 

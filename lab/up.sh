@@ -180,6 +180,8 @@ for node in "${nodes[@]}"; do
     break
   fi
 done
+# The node image (Docker inside) is built before any node starts from it.
+[ "$runtime" = native ] || bash lab/build-engine-image.sh
 for node in "${nodes[@]}"; do start_node "$node"; done
 for node in "${nodes[@]}"; do
   docker exec "$prefix$node" systemctl is-system-running --wait >/dev/null || true
