@@ -189,11 +189,16 @@ def segment_size(nbytes: int) -> int:
     return K_ROUND_LARGE * -(-nbytes // K_ROUND_LARGE)
 
 
-def plan_segments(sizes: List[int]) -> Tuple[List[int], List[Tuple[int, int]]]:
-    """(segment sizes, (segment, offset) per request): a request first goes into the free
-    tail of an open segment of its pool (small <= 1 MiB, large otherwise) that fits it
-    (the allocator splits free blocks; with allocations that are never freed that is the
-    tail), else it opens a new segment of segment_size()."""
+def plan_segments(sizes: List[int], allocator: str = "torch") -> Tuple[List[int], List[Tuple[int, int]]]:
+    """(segment sizes, (segment, offset) per request).
+
+    torch: a request first goes into the free tail of an open segment of its pool (small
+    <= 1 MiB, large otherwise) that fits it (the allocator splits free blocks; with
+    allocations that are never freed that is the tail), else it opens a new segment of
+    segment_size(). exact: every request its own segment rounded up to 2 MiB, which is what
+    torch does for requests >= 10 MiB (most of a real model's weights per rank)."""
+    if allocator == "exact":
+        return [K_ROUND_LARGE * -(-n // K_ROUND_LARGE) for n in sizes], [(i, 0) for i in range(len(sizes))]
     segments: List[int] = []
     used: List[int] = []
     where = []
@@ -363,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
     p.add_argument("--max-model-len", default=None, help="tokens per request (config.json's max_position_embeddings)")
     p.add_argument("--served-model-name", default=None, help="model name in the API (the model path)")
+    p.add_argument(
+        "--allocator",
+        choices=("torch", "exact"),
+        default="torch",
+        help="torch: PyTorch's caching-allocator segments (default); exact: one allocation per tensor slice, "
+        "rounded up to 2 MiB (torch's rule for >= 10 MiB; for checkpoints whose tensors are smaller than a "
+        "real model's, e.g. the VM's 16 MiB padding tensors, 8 MiB per rank at TP=2)",
+    )
     p.add_argument("--driver", default="fakegb10", help="fakegb10 (default) or file:PATH (tests: a plain file)")
     return p
 
@@ -512,7 +525,7 @@ class Engine:
                 if ranges:
                     plan.append((path, t["start"], ranges, len(sizes)))
                     sizes.append(sum(n for _o, n in ranges))
-        segments, where = plan_segments(sizes)
+        segments, where = plan_segments(sizes, self.args.allocator)
         pages: Dict[int, int] = {}
         seg_maps = []
         for i, size in enumerate(segments):

@@ -226,6 +226,12 @@ def test_plan_segments_packs_each_pool():
     assert where == [(0, 0), (0, 8 * MIB), (1, 0), (2, 0), (2, 300 * 1024), (3, 0), (2, 600 * 1024)]
 
 
+def test_plan_segments_exact_gives_each_slice_its_own_2m_rounded_segment():
+    segments, where = L.plan_segments([8 * MIB, 300 * 1024, 30 * MIB + 1], "exact")
+    assert segments == [8 * MIB, 2 * MIB, 32 * MIB]
+    assert where == [(0, 0), (1, 0), (2, 0)]
+
+
 # --- the startup check --------------------------------------------------------------------
 
 
