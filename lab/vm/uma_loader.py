@@ -155,7 +155,8 @@ def rank_ranges(name: str, shape: List[int], itemsize: int, tp: int, rank: int) 
 
     Norms and scalars are replicated; row-parallel weights (o_proj, down_proj) split the last
     dimension (one range per row); everything else (column-parallel, vocab-parallel, 1-D
-    tensors) splits dimension 0 (one contiguous range)."""
+    tensors) splits dimension 0 (one contiguous range; a 1-D tensor whose length does not
+    divide gets ceil-sized parts, the last rank the remainder)."""
     total = math.prod(shape) * itemsize
     parts = name.split(".")
     module = parts[-2] if len(parts) >= 2 else parts[0]
@@ -163,6 +164,12 @@ def rank_ranges(name: str, shape: List[int], itemsize: int, tp: int, rank: int) 
         return [(0, total)] if total else []
     row_parallel = len(shape) >= 2 and name.endswith(ROW_PARALLEL)
     dim = len(shape) - 1 if row_parallel else 0
+    if len(shape) == 1 and shape[0] % tp:
+        # a 1-D tensor of any length (e.g. the VM checkpoint's padding): ceil-sized parts
+        part = -(-shape[0] // tp)
+        first = min(shape[0], rank * part)
+        n = min(shape[0], first + part) - first
+        return [(first * itemsize, n * itemsize)] if n else []
     if shape[dim] % tp:
         raise LoaderError(
             "tensor %r of shape %r: dimension %d (%d) is not divisible by --tensor-parallel-size %d"
@@ -708,7 +715,7 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
     except OptionError as exc:
         sys.stderr.write("%s: error: %s\n" % (PROG, exc))
         return 2
-    log("utils.py:253", "non-default args: %s" % json.dumps({k: v for k, v in sorted(vars(args).items())}))
+    log("utils.py:253", "stand-in args: %s" % json.dumps({k: v for k, v in sorted(vars(args).items())}))
     t_start = time.monotonic()
     engine = None
     try:

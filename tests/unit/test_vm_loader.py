@@ -200,6 +200,14 @@ def test_tp1_keeps_everything():
     assert L.rank_ranges("x.o_proj.weight", [3, 5], 4, 1, 0) == [(0, 60)]
 
 
+@pytest.mark.parametrize("n, tp", [(5, 2), (7, 4), (2, 4)])
+def test_odd_1d_tensor_ceil_parts(n, tp):
+    seen, per_rank = covered("model.padding.6.rotary_emb.inv_freq", [n], 2, tp)
+    assert set(seen) == {1}
+    part = -(-n // tp)
+    assert per_rank[0] == part * 2 and sum(per_rank) == n * 2
+
+
 def test_indivisible_dimension_is_refused():
     with pytest.raises(L.LoaderError, match=r"dimension 0 \(5\) is not divisible by --tensor-parallel-size 2"):
         L.rank_ranges("x.q_proj.weight", [5, 4], 2, 2, 0)
