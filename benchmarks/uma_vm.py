@@ -20,7 +20,7 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
   python3 benchmarks/uma_vm.py --launches 3
   lab/vm.sh down
 
-The host part copies the loader, this file and fakegb10.ko into the guest over ``lab/vm.sh
+The host part copies the loader (two files), this file and fakegb10.ko into the guest over ``lab/vm.sh
 ssh``, loads the module, runs each launch as ``python3 /root/uma_vm.py --guest ...`` (stdlib
 only) and prints the table; the guest's knobs are restored at the end. Nothing on the host
 changes (the VM's knobs are its own).
@@ -81,8 +81,22 @@ def meminfo(key):
     return 0
 
 
-def kernel_lines():
-    return subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout.splitlines()
+def kernel_lines(after=-1.0):
+    """dmesg lines stamped later than ``after`` (by time: a long stall report can wrap the buffer)."""
+    out = []
+    for line in subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout.splitlines():
+        try:
+            stamp = float(line[1 : line.index("]")])
+        except ValueError:
+            continue
+        if stamp > after:
+            out.append(line)
+    return out
+
+
+def last_stamp():
+    lines = kernel_lines()
+    return float(lines[-1][1 : lines[-1].index("]")]) if lines else -1.0
 
 
 def knobs_for(config, defaults):
@@ -105,7 +119,7 @@ def guest_launch(args):
         write(KNOBS[name], value)
     subprocess.run(["sync"], check=False)
     write("/proc/sys/vm/drop_caches", 3)
-    before, klines = vmstat(), len(kernel_lines())
+    before, since = vmstat(), last_stamp()
     url = "http://127.0.0.1:%d" % args.port
     log_path = "/root/launch-%s-%d.log" % (args.guest, args.index)
     cmd = [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
@@ -152,7 +166,7 @@ def guest_launch(args):
         if "stand-in facts: " in line:
             facts = json.loads(line.split("stand-in facts: ", 1)[1])
     errors = [ln.split("] ", 1)[-1][:200] for ln in text.splitlines() if " ERROR " in ln and "facts" not in ln]
-    kernel = [ln for ln in kernel_lines()[klines:] if any(w in ln for w in KERNEL_WORDS)]
+    kernel = [ln for ln in kernel_lines(since) if any(w in ln for w in KERNEL_WORDS)]
     print(json.dumps({
         "config": args.guest, "index": args.index, "healthy": healthy_s is not None, "completion": completion,
         "healthy_s": round(healthy_s, 1) if healthy_s is not None else None, "exit": rc,
@@ -178,13 +192,15 @@ def setup(args):
     ko = os.path.join(cache, "fakegb10", "fakegb10.ko")
     if not os.path.exists(ko):
         raise SystemExit("uma_vm.py: %s is missing; run lab/vm.sh module first" % ko)
-    for src, dst in ((os.path.join(ROOT, "lab", "vm", "uma_loader.py"), "/root/uma_loader.py"),
+    vm_dir = os.path.join(ROOT, "lab", "vm")
+    for src, dst in ((os.path.join(vm_dir, "uma_loader.py"), "/root/uma_loader.py"),
+                     (os.path.join(vm_dir, "uma_loader_drivers.py"), "/root/uma_loader_drivers.py"),
                      (os.path.abspath(__file__), "/root/uma_vm.py"), (ko, "/root/fakegb10.ko")):  # fmt: skip
         with open(src, "rb") as fh:
             ssh("cat > %s" % dst, stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
-    return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %r.items()}))'"
-                          % KNOBS))  # fmt: skip
+    return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %s.items()}))'"
+                          % json.dumps(KNOBS)))  # fmt: skip
 
 
 def row(r):
@@ -217,8 +233,8 @@ def host(args):
                 results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
                 print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
     finally:
-        ssh("python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%r, %r)]'"
-            % (list(KNOBS.values()), [defaults[k] for k in KNOBS]))  # fmt: skip
+        ssh("python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'"
+            % (json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS])))  # fmt: skip
     print("\nconfig # result   compl healthy cache  MemAvail  order9   fallbk  stall/cmp  oom  fail  exit")
     print("                         s      MiB   MiB@chk  @KValloc 2M/64K")
     for r in results:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import json
 import math
 import mmap
@@ -50,6 +49,9 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling, also when a test imports this file
+from uma_loader_drivers import FakeGB10Driver, OptionError, PlainFileDriver
 
 PROG = "uma_loader"
 STAND_IN = (
@@ -73,20 +75,9 @@ K_MIN_BLOCK = 512
 ROW_PARALLEL = ("o_proj.weight", "down_proj.weight", "out_proj.weight", "dense.weight", "dense_4h_to_h.weight")
 BLOCK_SIZE = 16  # vLLM's default KV block size (tokens)
 
-# fakegb10 (lab/vm/fakegb10/fakegb10_uapi.h)
-DEV = "/dev/fakegb10"
-SYSFS = "/sys/class/misc/fakegb10"
-ALLOC_FMT = "=QIIQQ"  # u64 size; u32 flags; u32 handle; u64 page_size; u64 mmap_offset
-IOC_ALLOC = (3 << 30) | (struct.calcsize(ALLOC_FMT) << 16) | (ord("G") << 8) | 1
-COUNTERS = ("allocs_2m", "allocs_64k", "allocs_4k", "fallbacks_2m_to_64k", "fallbacks_64k_to_4k", "failures")
-
 
 class LoaderError(Exception):
     """A failure vLLM would raise (the message has vLLM's shape)."""
-
-
-class OptionError(Exception):
-    """A bad option: names the option, the value and the fix."""
 
 
 # ---------------------------------------------------------------------------
@@ -264,81 +255,6 @@ def torch_size(n: float) -> str:
         if n >= scale:
             return "%.2f %s" % (n / scale, unit)
     return "%d bytes" % n
-
-
-# ---------------------------------------------------------------------------
-# "Device memory": the driver behind a small interface
-
-
-class FakeGB10Driver:
-    """fakegb10's /dev/fakegb10: ioctl alloc, mmap to copy bytes in; closing frees everything."""
-
-    name = "fakegb10"
-
-    def __init__(self, dev: str = DEV, sysfs: str = SYSFS) -> None:
-        self.sysfs = sysfs
-        try:
-            self.fd = os.open(dev, os.O_RDWR)
-        except OSError as exc:
-            raise OptionError(
-                "--driver fakegb10: %s cannot be opened (%s); load the module (lab/vm.sh module, insmod "
-                "fakegb10.ko) or use --driver file:PATH" % (dev, exc.strerror)
-            ) from None
-
-    def alloc(self, size: int) -> Tuple[int, int, int]:
-        """(handle, page size, mmap offset); OSError(ENOMEM) = NV_ERR_NO_MEMORY."""
-        buf = bytearray(struct.pack(ALLOC_FMT, size, 0, 0, 0, 0))
-        fcntl.ioctl(self.fd, IOC_ALLOC, buf, True)
-        _size, _flags, handle, page_size, offset = struct.unpack(ALLOC_FMT, bytes(buf))
-        return handle, page_size, offset
-
-    def map(self, offset: int, size: int) -> mmap.mmap:
-        return mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
-
-    def counters(self) -> Dict[str, int]:
-        out = {}
-        for name in COUNTERS:
-            try:
-                with open(os.path.join(self.sysfs, name), encoding="ascii") as fh:
-                    out[name] = int(fh.read())
-            except (OSError, ValueError):
-                pass
-        return out
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class PlainFileDriver:
-    """For tests where fakegb10 cannot exist: "device memory" is a plain file, mmapped.
-    Nothing is pinned; page size is reported as 4K; there are no counters."""
-
-    name = "file"
-
-    def __init__(self, path: str, limit: int = 0) -> None:
-        self.limit = limit  # bytes; 0 = none (a test can make an allocation fail)
-        self.end = 0
-        try:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        except OSError as exc:
-            raise OptionError("--driver file:%s cannot be created (%s)" % (path, exc.strerror)) from None
-
-    def alloc(self, size: int) -> Tuple[int, int, int]:
-        if self.limit and self.end + size > self.limit:
-            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
-        offset = self.end
-        self.end += -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-        os.ftruncate(self.fd, self.end)
-        return offset // mmap.PAGESIZE + 1, 4096, offset
-
-    def map(self, offset: int, size: int) -> mmap.mmap:
-        return mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
-
-    def counters(self) -> Dict[str, int]:
-        return {}
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 # ---------------------------------------------------------------------------
@@ -640,7 +556,8 @@ class Engine:
 def free_order9(proc: str = "/proc") -> Optional[int]:
     try:
         with open(os.path.join(proc, "buddyinfo"), encoding="ascii") as fh:
-            return sum(int(f.split()[4 + 9]) for f in fh if len(f.split()) >= 15)
+            # order 9 and order 10 (two 2 MiB blocks each): what a 2 MiB page can come from
+            return sum(int(f.split()[13]) + 2 * int(f.split()[14]) for f in fh if len(f.split()) >= 15)
     except OSError:
         return None
 
@@ -718,6 +635,7 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
     log("utils.py:253", "stand-in args: %s" % json.dumps({k: v for k, v in sorted(vars(args).items())}))
     t_start = time.monotonic()
     engine = None
+    before: Dict[str, int] = {}
     try:
         if driver is None:
             driver = FakeGB10Driver() if args.driver == "fakegb10" else PlainFileDriver(args.driver[5:])
@@ -741,6 +659,8 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
     except (LoaderError, OSError) as exc:
         log("gpu_model_runner.py:5140", str(exc), "ERROR", "Worker_TP%d" % args.rank)
         if engine is not None:
+            after = driver.counters()
+            engine.facts["driver"] = {k: after[k] - before.get(k, 0) for k in after}
             log("uma_loader", "stand-in facts: %s" % json.dumps(engine.facts, sort_keys=True), "ERROR")
         log("core.py:1010", "EngineCore failed to start.", "ERROR", "EngineCore_DP0")
         return 1

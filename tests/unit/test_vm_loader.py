@@ -323,9 +323,18 @@ def test_missing_model_and_driver(tmp_path):
     assert "Traceback" not in res.stderr
     model = tiny_model(tmp_path)
     res = run_loader(str(model), "--kv-cache-memory-bytes", "1M")
-    if os.path.exists(L.DEV):
+    if os.path.exists(sys.modules["uma_loader_drivers"].DEV):
         pytest.skip("this machine has /dev/fakegb10")
     assert res.returncode == 2 and "--driver fakegb10" in res.stderr and "lab/vm.sh module" in res.stderr
+
+
+def test_driver_ioctl_number_is_the_checked_one():
+    # test_vm_lab.py checks fakegb10_alloc.py's number against fakegb10_uapi.h compiled by gcc
+    spec = importlib.util.spec_from_file_location("fakegb10_alloc", ROOT / "lab" / "vm" / "fakegb10_alloc.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    drivers = sys.modules["uma_loader_drivers"]
+    assert (drivers.IOC_ALLOC, drivers.ALLOC_FMT) == (tool.IOC_ALLOC, tool.ALLOC_FMT)
 
 
 # --- a whole run ----------------------------------------------------------------------------
@@ -388,6 +397,8 @@ def test_driver_out_of_memory_is_torchs_oom(tmp_path):
     oom = next(e for e in run["events"] if e["kind"] == "cuda_oom")
     assert oom["tried_bytes"] == 16 * MIB and oom["total_bytes"] == 3 << 30
     assert "KV cache" in oom["line"] and "Loading weights took" in out
+    facts = json.loads(out.split("stand-in facts: ", 1)[1].splitlines()[0])
+    assert facts["driver"] == {} and facts["weight_driver_bytes"] == 22 * MIB  # the counters also on failure
 
 
 def test_whole_run_over_http(tmp_path):
