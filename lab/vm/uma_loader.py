@@ -632,7 +632,7 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
     except OptionError as exc:
         sys.stderr.write("%s: error: %s\n" % (PROG, exc))
         return 2
-    log("utils.py:253", "stand-in args: %s" % json.dumps({k: v for k, v in sorted(vars(args).items())}))
+    log("utils.py:253", "stand-in args: %s" % json.dumps(dict(sorted(vars(args).items()))))
     t_start = time.monotonic()
     engine = None
     before: Dict[str, int] = {}
