@@ -1,0 +1,276 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Cold launches of the UMA loader on the VM lab node (issue 20 item 4; a SHORT TRIAL so far).
+
+Each launch runs lab/vm/uma_loader.py (a stand-in for vLLM on a GB10 rank) in the VM guest
+against fakegb10 (a stand-in for the GB10 driver) after ``echo 3 > drop_caches``, and
+records whether it reached /health 200 and answered a completion, the time to healthy,
+the page-cache peak, MemAvailable at the startup check, free order-9 blocks before the KV
+allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
+(allocstall, compact_stall, oom_kill). Configurations, interleaved (a b a b ...):
+
+  a  nothing: the guest's own boot values of the knobs below
+  b  the published field fix, scaled to the VM: vm.min_free_kbytes = 4 GiB of a 121 GiB node
+     scaled to the guest's MemTotal, vfs_cache_pressure 200, dirty_ratio 5,
+     dirty_background_ratio 2, read_ahead_kb 8 on the model disk, and
+     ``echo 3 > drop_caches`` every 0.1 s from the launch until healthy (or failed)
+
+  UMA_VM_LOCK=/work/heavy.lock lab/vm.sh up && lab/vm.sh module
+  python3 benchmarks/uma_vm.py --launches 3
+  lab/vm.sh down
+
+The host part copies the loader (two files), this file and fakegb10.ko into the guest over ``lab/vm.sh
+ssh``, loads the module, runs each launch as ``python3 /root/uma_vm.py --guest ...`` (stdlib
+only) and prints the table; the guest's knobs are restored at the end. Nothing on the host
+changes (the VM's knobs are its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VM_SH = os.path.join(ROOT, "lab", "vm.sh")
+KNOBS = {
+    "min_free_kbytes": "/proc/sys/vm/min_free_kbytes",
+    "vfs_cache_pressure": "/proc/sys/vm/vfs_cache_pressure",
+    "dirty_ratio": "/proc/sys/vm/dirty_ratio",
+    "dirty_background_ratio": "/proc/sys/vm/dirty_background_ratio",
+    "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
+}
+VMSTAT = ("allocstall_normal", "allocstall_movable", "allocstall_dma32", "compact_stall", "compact_fail", "oom_kill")
+KERNEL_WORDS = ("NVRM", "fakegb10", "oom-killer", "Out of memory", "Killed process")
+
+
+# ---------------------------------------------------------------------------
+# in the guest
+
+
+def read(path):
+    with open(path, encoding="ascii") as fh:
+        return fh.read().strip()
+
+
+def write(path, value):
+    with open(path, "w", encoding="ascii") as fh:
+        fh.write(str(value))
+
+
+def vmstat():
+    out = {}
+    for line in read("/proc/vmstat").splitlines():
+        key, value = line.split()
+        if key in VMSTAT:
+            out[key] = int(value)
+    return out
+
+
+def meminfo(key):
+    for line in read("/proc/meminfo").splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def kernel_lines(after=-1.0):
+    """dmesg lines stamped later than ``after`` (by time: a long stall report can wrap the buffer)."""
+    out = []
+    for line in subprocess.run(["dmesg"], capture_output=True, text=True, check=False).stdout.splitlines():
+        try:
+            stamp = float(line[1 : line.index("]")])
+        except ValueError:
+            continue
+        if stamp > after:
+            out.append(line)
+    return out
+
+
+def last_stamp():
+    lines = kernel_lines()
+    return float(lines[-1][1 : lines[-1].index("]")]) if lines else -1.0
+
+
+def knobs_for(config, defaults):
+    if config == "a":
+        return dict(defaults)
+    memtotal_kb = meminfo("MemTotal") // 1024
+    return {
+        "min_free_kbytes": memtotal_kb * 4 // 121,
+        "vfs_cache_pressure": 200,
+        "dirty_ratio": 5,
+        "dirty_background_ratio": 2,
+        "read_ahead_kb": 8,
+    }
+
+
+def guest_launch(args):
+    defaults = json.loads(args.defaults)
+    knobs = knobs_for(args.guest, defaults)
+    for name, value in knobs.items():
+        write(KNOBS[name], value)
+    subprocess.run(["sync"], check=False)
+    write("/proc/sys/vm/drop_caches", 3)
+    before, since = vmstat(), last_stamp()
+    url = "http://127.0.0.1:%d" % args.port
+    log_path = "/root/launch-%s-%d.log" % (args.guest, args.index)
+    cmd = [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
+           str(args.rank), "--gpu-memory-utilization", str(args.gmu), "--kv-cache-memory-bytes", args.kv,
+           "--port", str(args.port), "--host", "127.0.0.1", "--allocator", args.allocator]  # fmt: skip
+    stop = threading.Event()
+
+    def drop_loop():
+        while not stop.wait(0.1):
+            write("/proc/sys/vm/drop_caches", 3)
+
+    t0 = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if args.guest == "b":
+        threading.Thread(target=drop_loop, daemon=True).start()
+    healthy_s, cached_peak, completion = None, 0, False
+    while time.monotonic() - t0 < args.timeout and proc.poll() is None:
+        cached_peak = max(cached_peak, meminfo("Cached"))
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    healthy_s = time.monotonic() - t0
+                    break
+        except OSError:
+            time.sleep(0.25)
+    stop.set()
+    if healthy_s is not None:
+        body = json.dumps({"model": "/srv/model", "prompt": "ping", "max_tokens": 1}).encode()
+        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                completion = bool(json.loads(resp.read())["choices"])
+        except (OSError, ValueError, KeyError):
+            completion = False
+    if proc.poll() is None:
+        proc.terminate()
+    rc = proc.wait(timeout=60)
+    after = vmstat()
+    with open(log_path, encoding="utf-8") as fh:
+        text = fh.read()
+    facts = {}
+    for line in text.splitlines():
+        if "stand-in facts: " in line:
+            facts = json.loads(line.split("stand-in facts: ", 1)[1])
+    errors = [ln.split("] ", 1)[-1][:200] for ln in text.splitlines() if " ERROR " in ln and "facts" not in ln]
+    kernel = [ln for ln in kernel_lines(since) if any(w in ln for w in KERNEL_WORDS)]
+    print(json.dumps({
+        "config": args.guest, "index": args.index, "healthy": healthy_s is not None, "completion": completion,
+        "healthy_s": round(healthy_s, 1) if healthy_s is not None else None, "exit": rc,
+        "cached_peak_mib": cached_peak >> 20, "facts": facts, "errors": errors, "kernel": kernel[:12],
+        "vmstat": {k: after.get(k, 0) - before.get(k, 0) for k in VMSTAT}, "knobs": knobs,
+    }))  # fmt: skip
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# on the host
+
+
+def ssh(cmd, stdin=None, timeout=900):
+    res = subprocess.run(["bash", VM_SH, "ssh", cmd], input=stdin, capture_output=True, timeout=timeout, check=False)
+    if res.returncode != 0:
+        raise SystemExit("uma_vm.py: in the guest, %r failed (%d): %s" % (cmd, res.returncode, res.stderr.decode()))
+    return res.stdout.decode()
+
+
+def setup(args):
+    cache = os.environ.get("UMA_VM_CACHE", os.path.join(ROOT, ".cache", "vm"))
+    ko = os.path.join(cache, "fakegb10", "fakegb10.ko")
+    if not os.path.exists(ko):
+        raise SystemExit("uma_vm.py: %s is missing; run lab/vm.sh module first" % ko)
+    vm_dir = os.path.join(ROOT, "lab", "vm")
+    for src, dst in ((os.path.join(vm_dir, "uma_loader.py"), "/root/uma_loader.py"),
+                     (os.path.join(vm_dir, "uma_loader_drivers.py"), "/root/uma_loader_drivers.py"),
+                     (os.path.abspath(__file__), "/root/uma_vm.py"), (ko, "/root/fakegb10.ko")):  # fmt: skip
+        with open(src, "rb") as fh:
+            ssh("cat > %s" % dst, stdin=fh.read())
+    ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
+    return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %s.items()}))'"
+                          % json.dumps(KNOBS)))  # fmt: skip
+
+
+def row(r):
+    f = r["facts"]
+    drv = f.get("driver", {})
+    return "%-3s %-2d %-8s %-5s %7s %6s %9s %9s %7s %9s %5s %5s %5s" % (
+        r["config"], r["index"], "healthy" if r["healthy"] else "FAILED", "yes" if r["completion"] else "no",
+        r["healthy_s"] if r["healthy_s"] is not None else "-", r["cached_peak_mib"],
+        (f.get("memavailable_at_check") or 0) >> 20 or "-", f.get("free_order9_at_kv", "-"),
+        "%d/%d" % (drv.get("fallbacks_2m_to_64k", 0), drv.get("fallbacks_64k_to_4k", 0)) if drv else "-",
+        "%d/%d" % (sum(v for k, v in r["vmstat"].items() if k.startswith("allocstall")), r["vmstat"]["compact_stall"]),
+        r["vmstat"]["oom_kill"], drv.get("failures", "-") if drv else "-", r["exit"],
+    )  # fmt: skip
+
+
+def host(args):
+    defaults = setup(args)
+    print("guest defaults: %s" % defaults, flush=True)
+    results = []
+    try:
+        for i in range(args.launches):
+            for config in args.configs.split(","):
+                cmd = "python3 /root/uma_vm.py --guest %s --index %d --defaults '%s' " % (
+                    config,
+                    i + 1,
+                    json.dumps(defaults),
+                )
+                cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d" % (
+                    args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout)  # fmt: skip
+                results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
+                print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
+    finally:
+        ssh("python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'"
+            % (json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS])))  # fmt: skip
+    print("\nconfig # result   compl healthy cache  MemAvail  order9   fallbk  stall/cmp  oom  fail  exit")
+    print("                         s      MiB   MiB@chk  @KValloc 2M/64K")
+    for r in results:
+        print(row(r))
+    for config in args.configs.split(","):
+        rs = [r for r in results if r["config"] == config]
+        times = [r["healthy_s"] for r in rs if r["healthy_s"] is not None]
+        print("%s: %d/%d healthy; time to healthy median %s min %s max %s s" % (
+            config, len(times), len(rs), statistics.median(times) if times else "-", min(times, default="-"),
+            max(times, default="-")))  # fmt: skip
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"defaults": defaults, "launches": results}, fh, indent=1)
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--launches", type=int, default=3, help="launches per configuration (3: a trial)")
+    p.add_argument("--configs", default="a,b", help="configurations, interleaved (a,b)")
+    p.add_argument("--tp", type=int, default=2, help="--tensor-parallel-size of the rank (2)")
+    p.add_argument("--rank", type=int, default=0, help="--rank (0)")
+    p.add_argument("--gmu", default="0.8", help="--gpu-memory-utilization (0.8)")
+    p.add_argument("--kv", default="512M", help="--kv-cache-memory-bytes (512M)")
+    p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
+    p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
+    p.add_argument("--json", default="", help="also write the launches to this file")
+    p.add_argument("--guest", choices=("a", "b"), help=argparse.SUPPRESS)
+    p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--defaults", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=8000, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.launches < 1 or not set(args.configs.split(",")) <= {"a", "b"}:
+        p.error("--launches must be >= 1 and --configs a list of a and b; got %r, %r" % (args.launches, args.configs))
+    return guest_launch(args) if args.guest else host(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
