@@ -741,7 +741,7 @@ def test_runs_standalone_and_refuses_bad_config_in_one_line(tmp_path, nodes, eng
     for name in ("uma_watchdog.py", "_watchdog_counters.py", "_watchdog_logic.py", "_watchdog_probes.py",
                  "uma_guard.py", "_common.py", "_systemd.py", "_sysctl.py", "_memavail.py", "_metrics.py",
                  "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py", "_guard_sweeper.py",
-                 "_guard_watch.py", "_paths.py", "_sysctl_files.py", "_config_checks.py"):  # fmt: skip
+                 "_guard_watch.py", "_paths.py", "_sysctl_files.py", "_config_checks.py", "_link_auth.py"):  # fmt: skip
         (lib / name).write_text(open(os.path.join(MODULE_UTILS, name)).read())
     env = {"PATH": os.environ["PATH"], "VLLM_API_KEY": SECRET}
     bad = tmp_path / "bad.json"
