@@ -24,6 +24,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 
 KEY = "3f9a" * 16
 OTHER_KEY = "c0de" * 16
+KEY_BYTES = KEY.encode()
 ARGV = ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--tensor-parallel-size", "2"]
 
 
@@ -249,7 +250,8 @@ def test_a_forged_or_replayed_stop_inside_the_session_changes_nothing(tmp_path):
     assert wait(lambda: link1.conns[0].received >= conn0.sent)
     forged = [
         {"stop": "forged", "deliberate": True, "rank": 0},  # no MAC
-        auth.sign(KEY.encode(), {"stop": "forged", "deliberate": True, "rank": 0, "seq": 99}),  # the engine key, not the session's
+        # signed with the engine's key, not the session's
+        auth.sign(KEY.encode(), {"stop": "forged", "deliberate": True, "rank": 0, "seq": 99}),
         auth.sign(conn0.session, {"stop": "replayed", "deliberate": True, "rank": 0, "seq": conn0.sent}),
     ]  # fmt: skip
     for message in forged:
@@ -280,7 +282,7 @@ def test_rank_0_listens_on_its_cluster_address_only(tmp_path):
 def status_server():
     made = []
 
-    def make(key=KEY.encode()):
+    def make(key=KEY_BYTES):
         said = Said()
         server = probes.StatusServer("127.0.0.1", 0, key, said)
         server.published = {"tick": 7, "rank": 1}
@@ -312,7 +314,7 @@ def test_the_status_answers_the_right_key_and_refuses_and_names_others(status_se
 
 
 def test_a_replayed_or_old_status_request_is_refused(status_server):
-    server, said, url = status_server()
+    server, _said, url = status_server()
     headers, _nonce = auth.request_headers(KEY.encode())
     assert raw_get(url, headers) == 200
     assert raw_get(url, headers) == 401  # the same nonce again
