@@ -180,8 +180,8 @@ def _check_ranks(cfg: _D) -> None:
                            "Give e.g. 9411 on every node.")  # fmt: skip
     if peers and cfg["status_port"] == 0:
         raise UmaError("status_port", 0, "must be set when peers are given", "Give e.g. 9411 on every node.")
-    cfg["key_file"] = _checks.path("key_file", cfg["key_file"], "Give the absolute path of the engine's link key "
-                                   "(a 0600 root file), or null for an unauthenticated status.", optional=True)
+    fix = "Give the absolute path of the engine's link key (a 0600 root file), or null for an unauthenticated status."
+    cfg["key_file"] = _checks.path("key_file", cfg["key_file"], fix, optional=True)
 
 
 def _check_rest(cfg: _D) -> None:
