@@ -330,3 +330,36 @@ def test_an_unsigned_status_answer_is_not_believed(status_server):
     assert probes.fetch_status(url, 2.0) == {"tick": 7, "rank": 1}  # without a key, as before
     assert probes.fetch_status(url, 2.0, KEY.encode(), refusals) is None
     assert refusals.count == 1 and refusals.say.has("refused a status answer not signed", url)
+
+
+# ---------------------------------------------------------------- the programs refuse an unsafe key
+
+
+def test_the_launcher_exits_78_on_an_unsafe_key_file_before_anything_starts(tmp_path, capsys):
+    from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+
+    marker = tmp_path / "started"
+    engine = {
+        "engine": "tp2", "command": ["/bin/sh", "-c", "touch %s" % marker], "health_url": "http://127.0.0.1:1/health",
+        "state_dir": str(tmp_path / "state"), "lock_path": str(tmp_path / "lock"),
+        "cluster": dict(config(0, free_port(), key_file(tmp_path, mode=0o644))["cluster"]),
+    }  # fmt: skip
+    path = tmp_path / "tp2.json"
+    path.write_text(json.dumps(engine))
+    code = uma_launch.main(["--engine", "tp2", "--config", str(path), "--node-config", str(tmp_path / "none.json")])
+    err = capsys.readouterr().err
+    assert code == 78 and "option 'cluster.key_file'" in err and "mode 0644" in err and KEY not in err
+    assert not marker.exists()
+
+
+def test_the_watchdog_exits_78_on_an_unsafe_key_file(tmp_path, capsys):
+    from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog
+
+    cfg = {"engine": "tp2", "rank": 0, "state_dir": str(tmp_path / "state"), "status_bind": "127.0.0.1",
+           "status_port": free_port(), "peers": [{"name": "ai2", "url": "http://127.0.0.1:1/status"}],
+           "key_file": key_file(tmp_path, mode=0o604)}  # fmt: skip
+    path = tmp_path / "wd.json"
+    path.write_text(json.dumps(cfg))
+    assert uma_watchdog.main(["--config", str(path), "--ticks", "1"]) == 78
+    err = capsys.readouterr().err
+    assert "option 'key_file'" in err and "mode 0604" in err and KEY not in err
