@@ -18,6 +18,7 @@ from ansible.plugins.filter.core import to_nice_json
 
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as firewall
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
@@ -58,6 +59,7 @@ changed = as_filter(state.changed)
 with_peers = as_filter(state.with_peers)
 unit_actions = as_filter(state.unit_actions)
 shell_env = as_filter(model.shell_env)
+firewall_rules = as_filter(firewall.firewall_rules)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -95,6 +97,7 @@ class FilterModule:
             "vllm_service_drop_in": drop_in,
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
+            "vllm_service_firewall_rules": firewall_rules,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_version_scripts": version_scripts,
