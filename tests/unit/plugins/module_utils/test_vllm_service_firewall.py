@@ -134,7 +134,7 @@ def test_the_rules_for_real_a_third_node_is_dropped_the_peer_and_the_api_are_not
     assert set(before.values()) == {"open"}, before  # the check can fail: everything open without rules
     rules = tmp_path / "firewall.nft"
     rules.write_text(fw.firewall_rules(engines(), HOSTVARS))
-    for _ in range(2):  # loading twice replaces the table (no duplicate rules, no error)
+    for _load in range(2):  # loading twice replaces the table (no duplicate rules, no error)
         sh("ip", "netns", "exec", NS_NODE, "nft", "-f", str(rules))
     listed = sh("ip", "netns", "exec", NS_NODE, "nft", "list", "table", "inet", "uma_vllm").stdout
     assert listed.count("drop") == 2, listed
