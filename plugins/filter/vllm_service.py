@@ -18,6 +18,7 @@ from ansible.plugins.filter.core import to_nice_json
 
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as firewall
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub as hub
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
@@ -64,6 +65,7 @@ hub_errors = as_filter(hub.hub_errors)
 hub_fetched = as_filter(hub.fetched)
 hub_commits = as_filter(hub.commits)
 hub_rank_errors = as_filter(hub.rank_errors)
+firewall_rules = as_filter(firewall.firewall_rules)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -101,6 +103,7 @@ class FilterModule:
             "vllm_service_drop_in": drop_in,
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
+            "vllm_service_firewall_rules": firewall_rules,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_hub_engines": hub_engines,

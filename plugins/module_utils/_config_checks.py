@@ -194,3 +194,41 @@ def _finite(text: str) -> float:
     if not math.isfinite(number):
         raise ValueError("%s is too large for a number" % text[:40])
     return number
+
+
+# a shared key file: a line of text (the role writes 64 hex digits), never a whole disk
+KEY_MIN_CHARS = 32
+KEY_MAX_BYTES = 4096
+
+
+def secret_key(option: str, file_path: Any, owners: Iterable[int] = (0,)) -> bytes:
+    """The key in a secret file: a regular file (not a symlink) owned by root (or one of
+    ``owners``), readable by its owner only (mode 0600 or 0400), of KEY_MIN_CHARS to
+    KEY_MAX_BYTES printable characters. The key itself is never in the refusal."""
+    fix = "Give the absolute path of a 0600 root-owned file of at least %d characters (the role writes it)." % (
+        KEY_MIN_CHARS
+    )
+    check_path(option, file_path, True, fix)
+    try:
+        handle = os.open(file_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError as err:
+        raise UmaError(option, file_path, "cannot be read (%s)" % (err.strerror or err), fix) from None
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode):
+            raise UmaError(option, file_path, "is not a regular file", fix)
+        if info.st_uid not in tuple(owners):
+            raise UmaError(option, file_path, "is owned by uid %d, not root" % info.st_uid, fix)
+        if info.st_mode & 0o077:
+            raise UmaError(option, file_path, "has mode %04o: group or others may read it" % (info.st_mode & 0o7777),
+                           fix)  # fmt: skip
+        if info.st_size > KEY_MAX_BYTES:
+            raise UmaError(option, file_path, "is larger than %d bytes" % KEY_MAX_BYTES, fix)
+        raw = os.read(handle, KEY_MAX_BYTES + 1)
+    finally:
+        os.close(handle)
+    key = raw.strip()
+    if len(key) < KEY_MIN_CHARS or len(raw) > KEY_MAX_BYTES or any(b < 0x21 or b > 0x7E for b in key):
+        raise UmaError(option, file_path, "does not hold a key of %d to %d printable characters on one line" % (
+            KEY_MIN_CHARS, KEY_MAX_BYTES), fix)  # fmt: skip
+    return key

@@ -13,6 +13,11 @@ connection to rank 0's launcher (``head_addr:link_port``, on the cluster link).
   configuration they would run (the engine's argv and environment without what is per rank
   or per host). A rank that starts first waits for the others (bounded); ranks whose
   configurations differ are refused (exit 78) with the words that differ.
+- **Only the engine's ranks** speak on the link: every message is signed with the engine's
+  key (``cluster.key_file``, a 0600 root file the role delivers; ``_link_auth.py``). A hello
+  that is not signed with it (a stranger's, or another engine's) is refused, its address
+  named in the journal, and rank 0 keeps waiting for the real rank; a forged stop changes
+  nothing. Rank 0 listens on its cluster address (``cluster.bind_addr``) where one is given.
 - **While it runs** each side sends a heartbeat every few seconds. A launcher that stops
   tells its peers why: a deliberate stop (a signal from ``systemctl stop`` or a play) makes
   the peers stop too and exit 0; a failure (its engine died, a rank process died, a peer
@@ -35,8 +40,12 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
+    from ansible_collections.uma.vllm.plugins.module_utils import _link_auth as auth
     from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _config_checks as _checks  # type: ignore[no-redef]
+    import _link_auth as auth  # type: ignore[no-redef]
     from _common import UmaError  # type: ignore[no-redef]
 
 HEARTBEAT_S = 2.0
@@ -89,7 +98,26 @@ def validate_cluster(cluster: Any) -> Optional[Dict[str, Any]]:
     if not isinstance(out.get("compare", True), bool):  # exactly: bool("false") is True
         raise UmaError("cluster.compare", out["compare"], "is not a boolean", "Give true or false (not a string).")
     out["compare"] = bool(out.get("compare", True))
+    out["key_file"] = _checks.path(
+        "cluster.key_file",
+        out.get("key_file"),
+        "Give the absolute path of the engine's link key (a 0600 root file), or null for an unauthenticated link.",
+        optional=True,
+    )
+    bind = out.get("bind_addr")
+    if bind is not None and (not isinstance(bind, str) or not bind or any(c.isspace() for c in bind)):
+        raise UmaError("cluster.bind_addr", bind, "is not an address", "Give rank 0's cluster-link address, or null.")
     return out
+
+
+def link_key(cluster: Dict[str, Any], say: Callable[[str], None]) -> bytes:
+    """The engine's link key from ``cluster.key_file`` (UmaError when it is unsafe or unreadable);
+    without one the link is signed with an empty key: integrity only, no authentication."""
+    if not cluster.get("key_file"):
+        say("WARNING: the rank link is not authenticated (no cluster.key_file): any host that reaches "
+            "port %s can join or stop this engine" % cluster["link_port"])  # fmt: skip
+        return b""
+    return _checks.secret_key("cluster.key_file", cluster["key_file"], owners=(0, os.geteuid()))
 
 
 def strip_flags(argv: List[str], with_value: Tuple[str, ...], bare: Tuple[str, ...]) -> List[str]:
@@ -151,10 +179,32 @@ class _Conn:
         self.peer = peer
         self.buf = b""
         self.lock = threading.Lock()
+        # after the handshake: every message signed with the session key and numbered
+        self.session: Optional[bytes] = None
+        self.sent = 0
+        self.received = 0
+
+    def start_session(self, key: bytes) -> None:
+        self.session, self.sent, self.received = key, 0, 0
+
+    def check(self, message: Dict[str, Any]) -> Optional[str]:
+        """What is wrong with a message of the session (wrong or missing MAC, replayed), or None."""
+        if self.session is None:
+            return None
+        if not auth.verified(self.session, message):
+            return "a message with a wrong or missing MAC"
+        seq = message.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq <= self.received:
+            return "a replayed or reordered message (seq %r after %d)" % (seq, self.received)
+        self.received = seq
+        return None
 
     def send(self, message: Dict[str, Any]) -> bool:
-        data = (json.dumps(message, sort_keys=True) + "\n").encode("utf-8")
         with self.lock:
+            if self.session is not None:
+                self.sent += 1
+                message = auth.sign(self.session, dict(message, seq=self.sent))
+            data = (json.dumps(message, sort_keys=True) + "\n").encode("utf-8")
             try:
                 self.sock.sendall(data)
                 return True
@@ -197,6 +247,8 @@ class RankLink:
         self.rank = int(self.cluster["rank"])
         self.say = say
         self.digest, self.shared = fingerprint(config)
+        self.key = link_key(self.cluster, say)
+        self.refusals = auth.Refusals(say)
         self.conns: List[_Conn] = []
         self.server: Optional[socket.socket] = None
         # (reason, deliberate) once a peer stopped or was lost
@@ -234,11 +286,13 @@ class RankLink:
     def _serve(self, deadline: float, should_stop: Callable[[], bool]) -> None:
         server = socket.socket(socket.AF_INET6 if ":" in self.cluster["head_addr"] else socket.AF_INET)
         server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        bind = self.cluster.get("bind_addr") or ""
         try:
-            server.bind(("", int(self.cluster["link_port"])))
+            server.bind((bind, int(self.cluster["link_port"])))
         except OSError as err:
             server.close()
-            raise PeerTimeout("cannot listen on the rank link port %s: %s" % (self.cluster["link_port"], err)) from err
+            raise PeerTimeout("cannot listen on the rank link %s:%s: %s" % (
+                bind or "*", self.cluster["link_port"], err)) from err  # fmt: skip
         server.listen(16)
         self.server = server
         want = int(self.cluster["nnodes"]) - 1
@@ -259,33 +313,51 @@ class RankLink:
                 sock, addr = server.accept()
             except socket.timeout:
                 continue
-            conn = _Conn(sock, "%s:%s" % addr[:2])
-            try:
-                hello = conn.recv(10.0)
-            except (OSError, ValueError) as err:
-                self.say("ignored a connection from %s: %s" % (conn.peer, err))
-                conn.close()
-                continue
-            if not hello or "hello" not in hello:
-                conn.close()
-                continue
-            problem = self._check(hello)
-            if problem:
-                conn.send({"refused": problem})
-                conn.close()
-                raise PeerRefused(problem)
-            if any(c.peer_rank == hello.get("rank") for c in self.conns):  # type: ignore[attr-defined]
-                conn.send({"refused": "rank %s is already on the link" % hello.get("rank")})
-                conn.close()
-                continue
-            conn.peer_rank = hello.get("rank")  # type: ignore[attr-defined]
-            conn.send({"ok": self.engine, "fingerprint": self.digest})
-            self.conns.append(conn)
-            self.say(
-                "rank %s joined from %s (fingerprint %s)" % (hello.get("rank"), conn.peer, hello.get("fingerprint"))
-            )
+            self._greet(_Conn(sock, "%s:%s" % addr[:2]))
         server.close()
         self.server = None
+
+    def _greet(self, conn: _Conn) -> None:
+        """Rank 0: one connection's handshake. A hello not signed with the engine's key over this
+        connection's challenge is refused and named, and the wait goes on; a signed hello with
+        another configuration stops this rank (PeerRefused)."""
+        challenge = auth.new_nonce()
+        conn.send({"challenge": challenge, "engine": self.engine})
+        try:
+            hello = conn.recv(10.0)
+        except (OSError, ValueError) as err:
+            self.say("ignored a connection from %s: %s" % (conn.peer, err))
+            conn.close()
+            return
+        if not hello or "hello" not in hello:
+            conn.close()
+            return
+        nonce = hello.get("nonce")
+        if not auth.verified(self.key, hello) or hello.get("challenge") != challenge or not isinstance(nonce, str):
+            self.refusals.refuse(
+                conn.peer,
+                "a hello as rank %r of engine %r not signed with this engine's key"
+                % (hello.get("rank"), hello.get("hello")),
+            )
+            conn.send({"refused": "the hello is not signed with this engine's link key", "auth": False})
+            conn.close()
+            return
+        problem = self._check(hello)
+        if problem:
+            conn.send(auth.sign(self.key, {"refused": problem, "nonce": nonce}))
+            conn.close()
+            raise PeerRefused(problem)
+        if any(c.peer_rank == hello.get("rank") for c in self.conns):  # type: ignore[attr-defined]
+            conn.send(auth.sign(self.key, {"refused": "rank %s is already on the link" % hello.get("rank"),
+                                           "nonce": nonce}))  # fmt: skip
+            conn.close()
+            return
+        conn.peer_rank = hello.get("rank")  # type: ignore[attr-defined]
+        conn.send(auth.sign(self.key, {"ok": self.engine, "fingerprint": self.digest, "nonce": nonce,
+                                       "challenge": challenge}))  # fmt: skip
+        conn.start_session(auth.session_key(self.key, challenge, nonce))
+        self.conns.append(conn)
+        self.say("rank %s joined from %s (fingerprint %s)" % (hello.get("rank"), conn.peer, hello.get("fingerprint")))
 
     def _join(self, deadline: float, should_stop: Callable[[], bool]) -> None:
         target = (self.cluster["head_addr"], int(self.cluster["link_port"]))
@@ -308,26 +380,41 @@ class RankLink:
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                 continue
             conn = _Conn(sock, "%s:%s" % target)
-            conn.send(self._hello())
             try:
-                reply = conn.recv(30.0)
+                reply = self._hello_to(conn)
             except (OSError, ValueError) as err:
+                reply = {"error": str(err)}
+            if "ok" not in reply:
                 conn.close()
-                last_error = str(err)
-                time.sleep(1.0)
-                continue
-            if reply and "refused" in reply:
-                conn.close()
-                raise PeerRefused(str(reply["refused"]))
-            if not reply or "ok" not in reply:
-                conn.close()
-                last_error = "rank 0 answered %r" % (reply,)
+                last_error = reply.get("error") or "rank 0 answered %r" % (reply,)
                 time.sleep(1.0)
                 continue
             conn.peer_rank = 0  # type: ignore[attr-defined]
             self.conns.append(conn)
             self.say("joined rank 0 at %s:%s (fingerprint %s)" % (target[0], target[1], reply.get("fingerprint")))
             return
+
+    def _hello_to(self, conn: _Conn) -> Dict[str, Any]:
+        """A rank > 0: the handshake with rank 0; its signed answer, or ``{"error": why}``.
+        Raises PeerRefused when rank 0 refused this rank's configuration (signed)."""
+        first = conn.recv(30.0)
+        challenge = (first or {}).get("challenge")
+        if not isinstance(challenge, str):
+            return {"error": "rank 0 sent no challenge (%r): another program, or an older launcher" % (first,)}
+        nonce = auth.new_nonce()
+        conn.send(auth.sign(self.key, dict(self._hello(), challenge=challenge, nonce=nonce)))
+        reply = conn.recv(30.0) or {}
+        signed = auth.verified(self.key, reply) and reply.get("nonce") == nonce
+        if "refused" in reply and signed:
+            raise PeerRefused(str(reply["refused"]))
+        if "refused" in reply:
+            return {"error": "rank 0 refused this rank's hello (%s): are both ranks' key files the same?" % (
+                reply["refused"],)}  # fmt: skip
+        if "ok" not in reply or not signed or reply.get("challenge") != challenge:
+            self.refusals.refuse(conn.peer, "an answer to this rank's hello not signed with this engine's key")
+            return {"error": "the answer from %s is not signed with this engine's link key" % conn.peer}
+        conn.start_session(auth.session_key(self.key, challenge, nonce))
+        return reply
 
     # ---- while running
     def _set_lost(self, reason: str, deliberate: bool) -> None:
@@ -338,9 +425,10 @@ class RankLink:
 
     def _reader(self, conn: _Conn) -> None:
         rank = getattr(conn, "peer_rank", "?")
+        heard = time.monotonic()  # the last authentic message: forged ones do not keep a peer alive
         while not self._stop.is_set():
             try:
-                message = conn.recv(SILENCE_S)
+                message = conn.recv(max(0.05, heard + SILENCE_S - time.monotonic()))
             except socket.timeout:
                 self._set_lost("rank %s (%s) silent for %.0fs" % (rank, conn.peer, SILENCE_S), False)
                 return
@@ -351,6 +439,11 @@ class RankLink:
             if message is None:
                 self._set_lost("rank %s (%s) closed the link without a word" % (rank, conn.peer), False)
                 return
+            problem = conn.check(message)
+            if problem:
+                self.refusals.refuse(conn.peer, problem)
+                continue
+            heard = time.monotonic()
             if "stop" in message:
                 self._set_lost("rank %s stopped: %s" % (rank, message.get("stop")), bool(message.get("deliberate")))
                 return

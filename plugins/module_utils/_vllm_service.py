@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN
 from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_files import link_key_dir_errors, link_key_file
 
 
 class EngineModelError(ValueError):
@@ -201,6 +202,8 @@ def check(
             _err("vllm_service_health_timeout_s", timeout, "is not a positive number of seconds",
                  "Give how long an engine may take to become healthy, e.g. 1800.")
         )  # fmt: skip
+    if "link_key_dir" in settings:
+        errors.extend(link_key_dir_errors(settings["link_key_dir"], engines))
     for index, engine in enumerate(engines):
         where = "vllm_service_engines[%s]" % (engine.get("name") or index)
         errors.extend(_check_name(where, engine, index, seen_names))
@@ -688,6 +691,12 @@ def launch_config(
             # a Ray worker runs `ray start`, not the engine's argv: nothing to compare
             "compare": not ray,
         }
+        if settings.get("secrets_dir"):
+            # the engine's link key (0600 root, made on the controller): the link is signed with it
+            config["cluster"]["key_file"] = link_key_file(settings["secrets_dir"], engine["name"])
+        if cluster["rank"] == 0:
+            # rank 0 is the head: its link listens on its own cluster-link address, not on every address
+            config["cluster"]["bind_addr"] = head_addr
     return config
 
 

@@ -31,6 +31,26 @@ def drop_in_dir(paths: Dict[str, Any], name: str) -> str:
     return "%s/uma-vllm@%s.service.d" % (paths["systemd_dir"], name)
 
 
+def link_key_file(secrets_dir: str, name: str) -> str:
+    """Where a multi-node engine's link key lives on each of its nodes (the launcher's and the
+    watchdog's ``key_file``; the role writes it, 0600 root, from the key made on the controller)."""
+    return "%s/%s.link.key" % (str(secrets_dir).rstrip("/"), name)
+
+
+def link_key_dir_errors(value: Any, engines: List[Dict[str, Any]]) -> List[str]:
+    """vllm_service_link_key_dir (the controller's directory of the engines' link keys), checked when
+    a multi-node engine needs a key: an absolute path without control characters."""
+    if not any(len(e.get("nodes") or []) > 1 and e.get("state", "started") != "absent" for e in engines or []):
+        return []
+    if not isinstance(value, str) or not value.startswith("/") or any(ord(c) <= 32 or ord(c) == 127 for c in value):
+        return [
+            "vllm_service_link_key_dir = %r is not an absolute path without spaces on the controller. Fix: give "
+            "the directory "
+            "where the engines' link keys are made and kept, e.g. /home/me/.uma-vllm-keys (never in git)." % (value,)
+        ]
+    return []
+
+
 def engine_paths(paths: Dict[str, Any], name: str) -> Dict[str, str]:
     """Where one engine's files live."""
     return {
@@ -39,6 +59,8 @@ def engine_paths(paths: Dict[str, Any], name: str) -> Dict[str, str]:
         # a container engine's secrets as sh assignments, mounted read-only into its container
         "container_env": "%s/%s.container.env" % (paths["engines_dir"], name),
         "config": "%s/%s.json" % (paths["engines_dir"], name),
+        # a multi-node engine's link key (the rank link and the watchdogs' status are signed with it)
+        "link_key": link_key_file(paths["engines_dir"], name),
         "watchdog": "%s/%s.json" % (paths["watchdog_dir"], name),
     }
 
@@ -73,6 +95,8 @@ def node_files(
         secret_files.append({"path": where["env"], "mode": "0600", "content": text["env"]})
         if text.get("container_env"):
             secret_files.append({"path": where["container_env"], "mode": "0600", "content": text["container_env"]})
+        if text.get("link_key"):
+            secret_files.append({"path": where["link_key"], "mode": "0600", "content": text["link_key"] + "\n"})
     files.extend(launch_files)
     if watchdogs:
         directories.extend(_dirs([paths["watchdog_dir"]]))
@@ -103,10 +127,12 @@ def files_state(engines: List[Dict[str, Any]], result: Dict[str, Any], paths: Di
         where = engine_paths(paths, name)
         parts = [_entry(result, where[key]) for key in ("drop_in", "env", "config")]
         fingerprints[name] = "/".join(str(p) for p in [unit.get("checksum")] + [e.get("checksum") for e in parts])
-        if any(e.get("changed") for e in parts) or _entry(result, where["container_env"]).get("changed"):
+        # a new link key (rotated on the controller) restarts every rank and its watchdog
+        key_changed = bool(_entry(result, where["link_key"]).get("changed"))
+        if any(e.get("changed") for e in parts) or _entry(result, where["container_env"]).get("changed") or key_changed:
             written.append(name)
         drop_in_changed = drop_in_changed or bool(parts[0].get("changed"))
-        if watchdog_unit.get("changed") or _entry(result, where["watchdog"]).get("changed"):
+        if watchdog_unit.get("changed") or _entry(result, where["watchdog"]).get("changed") or key_changed:
             watchdogs.append(name)
     return {
         "fingerprints": fingerprints,

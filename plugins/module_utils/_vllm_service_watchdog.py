@@ -18,6 +18,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError, container_name
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_files import link_key_file
 
 # Role variable -> watchdog option (values given as null keep the watchdog's default).
 OPTIONS = {
@@ -190,5 +191,8 @@ def watchdog_configs(
         raw = base_config(name, engine, item, rank, settings)
         if cluster:
             cluster_config(raw, engine, rank, hostname, hostvars, where)
+            if settings.get("secrets_dir"):
+                # the status is signed with the engine's link key, like the launchers' rank link
+                raw["key_file"] = link_key_file(settings["secrets_dir"], name)
         out.append({"name": name, "config": raw, "floors": checked_floors(raw, where)})
     return out

@@ -90,6 +90,7 @@ DEFAULTS: Dict[str, Any] = {
     "rank_link_grace_s": 30.0,
     "status_bind": "127.0.0.1",
     "status_port": 0,  # 0 = no status endpoint (single-node engines)
+    "key_file": None,  # the engine's link key (0600 root): the status is signed with it (_link_auth)
     "backoff_initial_s": 30.0,
     "backoff_max_s": 600.0,
     "max_restarts": 3,
@@ -179,6 +180,8 @@ def _check_ranks(cfg: _D) -> None:
                            "Give e.g. 9411 on every node.")  # fmt: skip
     if peers and cfg["status_port"] == 0:
         raise UmaError("status_port", 0, "must be set when peers are given", "Give e.g. 9411 on every node.")
+    fix = "Give the absolute path of the engine's link key (a 0600 root file), or null for an unauthenticated status."
+    cfg["key_file"] = _checks.path("key_file", cfg["key_file"], fix, optional=True)
 
 
 def _check_rest(cfg: _D) -> None:

@@ -17,14 +17,17 @@ import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
+    from ansible_collections.uma.vllm.plugins.module_utils import _link_auth as auth
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
     from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
 except ImportError:  # pragma: no cover - node-side use without Ansible
+    import _link_auth as auth  # type: ignore[no-redef]
     import _watchdog_logic as logic  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
 
@@ -245,19 +248,36 @@ def check_local(cfg: Dict[str, Any], show: Dict[str, str], runner: Any = None) -
 
 
 class StatusServer:
-    def __init__(self, bind: str, port: int) -> None:
+    """GET /status: this node's published status. With the engine's link ``key`` only a request
+    signed with it is answered (401 otherwise, its address named through ``say``), and the
+    answer is signed over the request's nonce and the body (``_link_auth``)."""
+
+    def __init__(
+        self, bind: str, port: int, key: Optional[bytes] = None, say: Optional[Callable[[str], None]] = None
+    ) -> None:
         self.published: Dict[str, Any] = {}
+        self.check = auth.RequestCheck(key) if key is not None else None
+        self.refusals = auth.Refusals(say or (lambda _text: None))
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path.rstrip("/") not in ("", "/status"):
+                if self.path.split("?", 1)[0].rstrip("/") not in ("", "/status"):
                     self.send_error(404)
                     return
+                nonce = None
+                if owner.check is not None:
+                    problem, nonce = owner.check.problem("GET", self.path, self.headers)
+                    if problem:
+                        owner.refusals.refuse("%s:%s" % self.client_address[:2], problem)
+                        self.send_error(401)
+                        return
                 body = json.dumps(owner.published, sort_keys=True).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if owner.check is not None and nonce is not None:
+                    self.send_header(auth.HEADER_MAC, auth.response_mac(owner.check.key, nonce, body))
                 self.end_headers()
                 self.wfile.write(body)
 
@@ -274,12 +294,33 @@ class StatusServer:
         self.server.server_close()
 
 
-def fetch_status(url: str, timeout: float) -> Optional[Dict[str, Any]]:
-    status, text, _latency, _error = http(url, timeout)
+def fetch_status(
+    url: str, timeout: float, key: Optional[bytes] = None, refusals: Optional[auth.Refusals] = None
+) -> Optional[Dict[str, Any]]:
+    """A peer's published status; None when it cannot be read or (with ``key``) its answer is not
+    signed with the engine's key over this request's nonce (said through ``refusals``)."""
+    if key is None:
+        status, text, _latency, _error = http(url, timeout)
+        raw = text.encode("utf-8")
+    else:
+        parts = urllib.parse.urlsplit(url)
+        path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+        headers, nonce = auth.request_headers(key, path)
+        request = urllib.request.Request(url, method="GET", headers=headers)
+        try:
+            with _OPENER.open(request, timeout=timeout) as response:
+                status, raw = response.status, response.read(1 << 20)
+                given = response.headers.get(auth.HEADER_MAC)
+        except Exception:  # timeouts, refused connections, resets, HTTP errors (a 401: our key differs)
+            return None
+        if status == 200 and not auth.response_ok(key, nonce, raw, given):
+            if refusals is not None:
+                refusals.refuse(url, "a status answer not signed with this engine's key")
+            return None
     if status != 200:
         return None
     try:
-        data = json.loads(text)
+        data = json.loads(raw.decode("utf-8", "replace"))
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

@@ -151,8 +151,15 @@ class Watchdog:
         self.last_obs: Dict[str, Any] = {}
         self.last_probe: Optional[Dict[str, Any]] = None  # the idle probe runs at most once per probe_idle_s
         self.server: Optional[probes.StatusServer] = None
+        # the engine's link key: the status this node serves and the peers' it reads are signed with it
+        self.key: Optional[bytes] = None
+        self.refusals = probes.auth.Refusals(self.say)
+        if cfg.get("key_file"):
+            self.key = _checks.secret_key("key_file", cfg["key_file"], owners=(0, os.geteuid()))
+        elif cfg["status_port"]:
+            log(self.engine, "WARNING: the status on port %s is not authenticated (no key_file)" % cfg["status_port"])
         if cfg["status_port"]:
-            self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"])
+            self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"], self.key, self.say)
         self.publish_phase: Optional[str] = None
         self.last_exit: Optional[int] = None
         self._started = clock()
@@ -165,6 +172,9 @@ class Watchdog:
                 return int(h.read().split()[0]) * 1024
         except (OSError, ValueError, IndexError):
             return 0
+
+    def say(self, text: str) -> None:
+        log(self.engine, text)
 
     # ---- records
     def record(self, what: str, reason: str, evidence: Optional[Dict[str, Any]] = None) -> None:
@@ -328,7 +338,7 @@ class Watchdog:
         views = {}
         timeout = min(self.cfg["health_timeout_s"], self.cfg["peer_timeout_s"])
         for peer in self.cfg["peers"]:
-            status = probes.fetch_status(peer["url"], timeout)
+            status = probes.fetch_status(peer["url"], timeout, self.key, self.refusals)
             if status is not None:
                 # fresh = the peer's tick counter moved (by this node's clock: no clock sync needed);
                 # a peer whose loop hangs while its status thread still answers goes stale
@@ -386,7 +396,7 @@ class Watchdog:
         pending = {p["name"]: p["url"] for p in self.cfg["peers"]}
         while pending and self.clock() < deadline:
             for name, url in list(pending.items()):
-                status = probes.fetch_status(url, self.cfg["health_timeout_s"])
+                status = probes.fetch_status(url, self.cfg["health_timeout_s"], self.key, self.refusals)
                 if status and (status.get(key) or 0) >= epoch:
                     del pending[name]
             if pending:
@@ -426,7 +436,7 @@ class Watchdog:
 
     def follow_leader(self) -> None:
         """Peers: carry out rank 0's restart or stop on this node's unit."""
-        leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"])
+        leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"], self.key, self.refusals)
         what = logic.peer_reaction(leader, self.mine)
         if what is None or leader is None:
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,14 @@ from ansible_collections.uma.vllm.plugins.module_utils import _ranks, uma_launch
 @pytest.fixture
 def ports():
     return {"api": free_port(), "link": free_port()}
+
+
+def link_key(tmp_path):
+    path = tmp_path / "tp2.link.key"
+    if not path.exists():
+        path.write_text(os.urandom(32).hex() + "\n")
+        os.chmod(str(path), 0o600)
+    return str(path)
 
 
 def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0):
@@ -42,8 +51,10 @@ def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0):
         "state_dir": str(tmp_path / ("state%d" % rank)),
         "health_timeout_s": 60,
         "stop_timeout_s": 5,
+        # the link signed with the engine's key, as the role delivers it (0600, the launcher's user)
         "cluster": {"rank": rank, "nnodes": 2, "head_addr": "127.0.0.1", "link_port": ports["link"],
-                    "peer_timeout_s": peer_timeout},
+                    "peer_timeout_s": peer_timeout, "key_file": link_key(tmp_path),
+                    "bind_addr": "127.0.0.1" if rank == 0 else None},
     }  # fmt: skip
     path = tmp_path / ("rank%d.json" % rank)
     path.write_text(json.dumps(config))
@@ -148,6 +159,33 @@ def test_a_rank_alone_waits_then_gives_up_without_loading(tmp_path, ports):
     rec = record(tmp_path, 1)
     assert "did not answer within 2s" in rec["stopped_because"]
     assert "engine-started" not in [s["name"] for s in rec["steps"]]
+
+
+def test_a_strangers_hello_and_stop_change_nothing_and_the_stranger_is_named(tmp_path, ports):
+    """Issue 19 item 7, with the real launchers: during the rendezvous a stranger (no key) says
+    hello as rank 1 with another configuration, then stop. Rank 0 names it and keeps waiting
+    (before: exit 78); the real rank 1 joins; once met, the link port takes no connection."""
+    procs = {0: start(write_config(tmp_path, 0, ports))}
+    read_until(procs[0], r"waiting on port", timeout=30)
+    hello = {"hello": "tp2", "rank": 1, "fingerprint": "0" * 16, "shared": {"engine": "tp2", "argv": ["other"]}}
+    for message in (hello, {"stop": "forged", "deliberate": True, "rank": 1}):
+        with socket.create_connection(("127.0.0.1", ports["link"]), timeout=5) as sock:
+            sock.sendall((json.dumps(message) + "\n").encode())
+            sock.settimeout(5)
+            while sock.recv(4096):
+                pass
+    named = r"refused a hello as rank 1 of engine 'tp2' not signed with this engine's key from 127\.0\.0\.1:"
+    read_until(procs[0], named, timeout=10)
+    assert procs[0].poll() is None
+    procs[1] = start(write_config(tmp_path, 1, ports))
+    for rank in (0, 1):
+        read_until(procs[rank], r"ranks-watched", timeout=60)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", ports["link"]), timeout=5).close()
+    procs[0].send_signal(signal.SIGTERM)
+    assert procs[1].wait(20) == 0 and procs[0].wait(20) == 128 + signal.SIGTERM
+    steps = [s["name"] for s in record(tmp_path, 0)["steps"]]
+    assert "ranks-met" in steps and "ranks-refused" not in steps
 
 
 def engine_pid(launcher):

@@ -158,9 +158,11 @@ def test_engine_config_has_the_planned_flags_and_the_rank_link_for_this_host(hos
     assert ("--headless" in flags) == (rank == 1) and "--enforce-eager" in flags
     assert int(flags[flags.index("--kv-cache-memory-bytes") + 1]) == config["plan"]["kv_cache_bytes"]
     assert config["plan"]["total_memory_bytes"] == 23 * 2**30  # uma_ram_gib from this host's inventory
-    assert config["cluster"] == {
+    # the link is signed with the engine's key (issue 19 item 7); rank 0 listens on its cluster address only
+    assert config["cluster"] == dict({
         "rank": rank, "nnodes": 2, "head_addr": head, "link_port": 29511, "peer_timeout_s": 300.0, "compare": True,
-    }  # fmt: skip
+        "key_file": "/etc/uma-vllm/engines/tp2.link.key",
+    }, **({"bind_addr": head} if rank == 0 else {}))  # fmt: skip
     env = config["env"]
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["TORCHDYNAMO_DISABLE"] == "1"
     assert env["MASTER_ADDR"] == head
@@ -194,6 +196,24 @@ def _node_fingerprint():
         prints.add(next(s["fingerprint"] for s in json.loads(raw)["steps"] if s["name"] == "ranks-wait"))
     assert len(prints) == 1, prints
     return prints.pop()
+
+
+def test_every_rank_has_the_same_link_key_as_a_root_0600_file_and_the_link_is_signed(host):
+    """Issue 19 item 7: the key made on the controller, the same on both nodes, never world-readable;
+    the launchers met over the signed link and rank 0's link listened on its cluster address."""
+    f = host.file("/etc/uma-vllm/engines/tp2.link.key")
+    assert f.user == "root" and f.group == "root" and f.mode == 0o600
+    if NODES.index(_name(host)) != 0:
+        return
+    keys = set()
+    for node in NODES:
+        keys.add(subprocess.run(["docker", "exec", node, "cat", "/etc/uma-vllm/engines/tp2.link.key"],
+                                check=True, capture_output=True, text=True).stdout.strip())  # fmt: skip
+    assert len(keys) == 1 and len(keys.pop()) == 64
+    watchdog = json.loads(host.file("/etc/uma-vllm/watchdog/tp2.json").content_string)
+    assert watchdog["key_file"] == "/etc/uma-vllm/engines/tp2.link.key"
+    journal = host.check_output("journalctl --no-pager -t vllm-uma-launch -u uma-vllm@tp2.service")
+    assert "not authenticated" not in journal and "rank 1 joined from" in journal
 
 
 def test_the_ray_variant_is_installed_but_not_started(host):

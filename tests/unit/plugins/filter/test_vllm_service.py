@@ -389,11 +389,13 @@ def test_mp_worker_keeps_planned_flags_and_waits_for_rank0():
 def test_every_rank_gets_the_rank_link_and_only_mp_ranks_compare_configurations():
     for host, rank in (("ai1", 0), ("ai2", 1)):
         e = one(host, nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})
-        config = vs.launch_config(e, plan(MP_TAIL), dict(NATIVE, peer_timeout_s=300), ADDRS)
-        assert config["cluster"] == {
+        config = vs.launch_config(e, plan(MP_TAIL), dict(NATIVE, peer_timeout_s=300, secrets_dir="/etc/x/engines"),
+                                  ADDRS)  # fmt: skip
+        # the link is signed with the engine's key (issue 19 item 7); rank 0 listens on its cluster address
+        assert config["cluster"] == dict({
             "rank": rank, "nnodes": 2, "head_addr": "10.0.0.1", "link_port": 29511, "peer_timeout_s": 300.0,
-            "compare": True,
-        }  # fmt: skip
+            "compare": True, "key_file": "/etc/x/engines/%s.link.key" % e["name"],
+        }, **({"bind_addr": "10.0.0.1"} if rank == 0 else {}))  # fmt: skip
     e = one("ai2", nodes=["ai1", "ai2"], backend="ray", link_port=7000, plan={"tensor_parallel_size": 2})
     config = vs.launch_config(e, plan(MP_TAIL), NATIVE, ADDRS)
     assert config["cluster"]["link_port"] == 7000 and config["cluster"]["compare"] is False
@@ -688,3 +690,41 @@ def test_unit_actions_from_the_states_read_before_writing():
         "reset": ["new", "rank1"],
     }
     assert vs.unit_actions(engines[:1], {}, [])["start_api"] == ["up"]  # not reported: inactive
+
+
+# --------------------------------------------------------------------------- the link key (issue 19 item 7)
+
+
+def test_a_multi_node_engines_link_key_is_a_0600_secret_file_and_a_new_key_restarts_it():
+    """The key made on the controller goes with the secret files (0600, never in the shown files);
+    a rotated key restarts the engine and its watchdog (they read the key when they start)."""
+    key = "ab" * 32
+    rendered = {"drop_in": "D-tp", "env": "E", "link_key": key}
+    renders = [
+        {"item": {"name": "tp"}, "ansible_facts": {"__vllm_service_rendered": rendered}},
+        {"item": {"name": "solo"}, "ansible_facts": {"__vllm_service_rendered": dict(rendered, link_key="")}},
+    ]
+    out = vs.node_files(renders, [], [], PATHS)
+    assert [(f["path"], f["mode"]) for f in out["secret_files"]] == [
+        ("/etc/uma-vllm/engines/tp.env", "0600"),
+        ("/etc/uma-vllm/engines/tp.link.key", "0600"),
+        ("/etc/uma-vllm/engines/solo.env", "0600"),
+    ]
+    assert out["secret_files"][1]["content"] == key + "\n"
+    assert all(key not in f["content"] for f in out["files"])
+    engines = [one("ai1", name="tp", nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2})]
+    result = _written(tp=[(False, "d"), (False, "e"), (False, "j"), (False, "w")])
+    assert vs.files_state(engines, result, PATHS)["written"] == []
+    result["files"]["/etc/uma-vllm/engines/tp.link.key"] = {"changed": True, "checksum": "k2"}
+    state = vs.files_state(engines, result, PATHS)
+    assert state["written"] == ["tp"] and state["watchdogs_changed"] == ["tp"]
+
+
+@pytest.mark.parametrize("value", ["relative/keys", "", None, "/with space/keys", "/a\nb"])
+def test_a_bad_link_key_dir_is_refused_for_multi_node_engines_only(value):
+    (tp,) = vs.host_engines([keyed(engine(nodes=["ai1", "ai2"], plan={"tensor_parallel_size": 2}))], "ai1", "mp")
+    (solo,) = vs.host_engines([keyed(engine(name="solo"))], "ai1", "mp")
+    (err,) = vs.check([tp], dict(NATIVE, link_key_dir=value), HOSTS, ADDRS)
+    assert err.startswith("vllm_service_link_key_dir = %r" % (value,)) and " Fix: " in err
+    assert vs.check([solo], dict(NATIVE, link_key_dir=value), HOSTS, ADDRS) == []
+    assert vs.check([tp], dict(NATIVE, link_key_dir="/home/me/.uma-vllm-keys"), HOSTS, ADDRS) == []

@@ -148,3 +148,14 @@ def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
         "Read the vLLM version each engine will run (and check and pull the images)",
         "Download the engines' models from the Hub and verify them on every node",
     ]
+
+
+def test_a_multi_node_engines_status_is_signed_with_its_link_key():
+    """Issue 19 item 7: every rank's watchdog reads the engine's link key (the file the role
+    writes, 0600 root); a single-node engine has no status port and no key."""
+    settings = dict(SETTINGS, secrets_dir="/etc/uma-vllm/engines")
+    for host in ("ai1", "ai2", "ai3"):
+        found = configs(host, settings=settings)
+        assert found["tp2"]["config"]["key_file"] == "/etc/uma-vllm/engines/tp2.link.key"
+        logic.validate(found["tp2"]["config"])
+    assert "key_file" not in configs("ai1", settings=settings)["solo"]["config"]

@@ -52,7 +52,7 @@ class FakeSystemd:
 class FakeServer:
     """The status endpoint stand-in: what the node publishes, read by the other node's fetch."""
 
-    def __init__(self, bind, port):
+    def __init__(self, bind, port, key=None, say=None):
         self.published = {}
 
     def close(self):
@@ -145,7 +145,7 @@ class Lab:
 
         return Pending()
 
-    def fetch_status(self, url, timeout):
+    def fetch_status(self, url, timeout, key=None, refusals=None):
         if "ai2" in url:  # rank 0 reads rank 1: rank 1 has ticked up to rank 0's now
             self.run_rank1(self.now[0])
             self.now[0] += 0.01

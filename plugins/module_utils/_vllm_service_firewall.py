@@ -1,0 +1,103 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The cluster link's firewall on a node of the uma.vllm.vllm_service role (issue 19 item 7).
+
+What listens between the nodes of a multi-node engine is reachable only from the engine's own
+nodes: vLLM's ``master_port`` (torch.distributed's TCPStore listens on every address and vLLM
+cannot bind it), the launchers' rank link (``link_port``), the watchdogs' status port and, with
+the Ray backend, Ray's head port. One nftables table, ``inet uma_vllm``, with one ``input`` chain:
+a TCP packet to one of an engine's ports from an address that is not one of the engine's nodes'
+cluster addresses (``uma_cluster_addr``) is dropped; loopback is never filtered. The table is
+replaced whole in one transaction (``nft -f``), so a run never leaves half a ruleset.
+
+Not covered (no fixed port): NCCL/gloo's ephemeral ports and Ray's worker ports.
+Runs on the controller only (filter vllm_service_firewall_rules in plugins/filter/vllm_service.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any, Dict, List, Tuple
+
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
+
+TABLE = "uma_vllm"
+STATUS_PORT_OFFSET = 11  # the watchdogs' status port (plugins/module_utils/_vllm_service_watchdog.py)
+
+
+def _node_addr(hostvars: Any, host: str) -> Any:
+    if host not in hostvars:
+        return None
+    hv = hostvars[host]
+    node = hv.get("__vllm_service_node") if hasattr(hv, "get") else None
+    if isinstance(node, dict) and node.get("addr"):
+        return node["addr"]
+    return hv.get("uma_cluster_addr") if hasattr(hv, "get") else None
+
+
+def engine_ports(engine: Dict[str, Any]) -> List[int]:
+    """The TCP ports of a multi-node engine that only its nodes may reach."""
+    cluster = engine["cluster"]
+    master = int(cluster["master_port"])
+    ports = {master, int(cluster["link_port"]), int(engine.get("watchdog_port") or master + STATUS_PORT_OFFSET)}
+    if cluster.get("backend") == "ray":
+        ports.add(int(cluster["ray_port"]))
+    return sorted(ports)
+
+
+def _addresses(engine: Dict[str, Any], hostvars: Any) -> Tuple[List[str], List[str]]:
+    v4: List[str] = []
+    v6: List[str] = []
+    for node in engine["cluster"]["nodes"]:
+        raw = _node_addr(hostvars, node)
+        try:
+            addr = ipaddress.ip_address(str(raw).strip())
+        except ValueError:
+            raise EngineModelError(
+                "vllm_service_firewall (engine %s): the cluster address of %s is %r, not an IP address: the rules "
+                "allow the engine's nodes by address. Fix: set uma_cluster_addr of %s to its IP on the cluster "
+                "link, or set vllm_service_firewall: false." % (engine["name"], node, raw, node)
+            ) from None
+        (v6 if addr.version == 6 else v4).append(str(addr))
+    return sorted(set(v4)), sorted(set(v6))
+
+
+def _family_rules(ports: str, v4: List[str], v6: List[str]) -> List[str]:
+    out = []
+    if v4:
+        out.append("meta nfproto ipv4 tcp dport %s ip saddr != { %s } drop" % (ports, ", ".join(v4)))
+    else:
+        out.append("meta nfproto ipv4 tcp dport %s drop" % ports)
+    if v6:
+        out.append("meta nfproto ipv6 tcp dport %s ip6 saddr != { %s } drop" % (ports, ", ".join(v6)))
+    else:
+        out.append("meta nfproto ipv6 tcp dport %s drop" % ports)
+    return out
+
+
+def firewall_rules(engines: List[Dict[str, Any]], hostvars: Any, managed: str = "Managed by uma.vllm") -> str:
+    """The nft script for this host's started multi-node engines ('' when it has none)."""
+    lines: List[str] = []
+    for engine in engines or []:
+        if not engine.get("cluster") or engine.get("state", "started") == "absent":
+            continue
+        v4, v6 = _addresses(engine, hostvars)
+        ports = "{ %s }" % ", ".join(str(p) for p in engine_ports(engine))
+        lines.append("    # engine %s: nodes %s" % (engine["name"], ", ".join(engine["cluster"]["nodes"])))
+        lines.extend("    " + rule for rule in _family_rules(ports, v4, v6))
+    if not lines:
+        return ""
+    head = [
+        "#!/usr/sbin/nft -f",
+        "# %s" % managed.replace("\n", " "),
+        "# Only the engines' own nodes reach their cluster ports (docs/OPERATIONS.md, ports the cluster needs).",
+        # create-then-delete: the table is replaced whole, in the same transaction as the new one
+        "table inet %s" % TABLE,
+        "delete table inet %s" % TABLE,
+        "table inet %s {" % TABLE,
+        "  chain input {",
+        "    type filter hook input priority filter - 5; policy accept;",
+        '    iif "lo" accept',
+    ]
+    return "\n".join([*head, *lines, "  }", "}", ""])
