@@ -13,7 +13,7 @@
 #                      the same engine with vllm_service_runtime: container (the role's default):
 #                      each node runs a Docker engine (uma-lab/node-docker:bookworm) and each rank
 #                      a container of uma-lab/vllm-cpu (lab/build-engine-image.sh builds both and
-#                      loads the engine image into each node; inventories/lab/runtime-container.yml).
+#                      loads the engine image into each node; lab/runtime-container.yml).
 #                      Nodes of the other runtime are replaced. The default stays native: the
 #                      container runtime costs a 3.9 GB image, loaded into each node's Docker.
 #   UMA_LAB_PREFIX=x-  name the node containers x-ai1, x-ai2 (a second lab on the same machine)
@@ -39,7 +39,7 @@ fi
 extra=()
 if [ "$runtime" = container ]; then
   image="${UMA_LAB_NODE_DOCKER_IMAGE:-uma-lab/node-docker:bookworm}"
-  extra=(-e @inventories/lab/runtime-container.yml)
+  extra=(-e @lab/runtime-container.yml)
 fi
 nodes=(ai1 ai2)
 # UMA_LAB_PREFIX: run the lab's node containers (and their volumes) as PREFIXai1, PREFIXai2, so a
