@@ -97,7 +97,7 @@ def validate_cluster(cluster: Any) -> Optional[Dict[str, Any]]:
     out["peer_timeout_s"] = float(timeout)
     if not isinstance(out.get("compare", True), bool):  # exactly: bool("false") is True
         raise UmaError("cluster.compare", out["compare"], "is not a boolean", "Give true or false (not a string).")
-    out["compare"] = bool(out.get("compare", True))
+    out["compare"] = out.get("compare", True)
     out["key_file"] = _checks.path(
         "cluster.key_file",
         out.get("key_file"),

@@ -59,21 +59,28 @@ def http(
     url: str, timeout: float, body: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None
 ) -> Tuple[Optional[int], str, float, Optional[str]]:
     """(status, text, latency, error). Any failure is an error string, never an exception."""
+    started = time.monotonic()
+    status, raw, _headers, error = _request(url, timeout, body, headers)
+    return status, raw.decode("utf-8", "replace"), time.monotonic() - started, error
+
+
+def _request(
+    url: str, timeout: float, body: Optional[Dict[str, Any]] = None, headers: Optional[Dict[str, str]] = None
+) -> Tuple[Optional[int], bytes, Any, Optional[str]]:
+    """(status, body bytes (1 MiB at most), response headers (looked up case-insensitively), error)."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
     if data is not None:
         request.add_header("Content-Type", "application/json")
     for key, value in (headers or {}).items():
         request.add_header(key, value)
-    started = time.monotonic()
     try:
         with _OPENER.open(request, timeout=timeout) as response:
-            text = response.read(1 << 20).decode("utf-8", "replace")
-            return response.status, text, time.monotonic() - started, None
+            return response.status, response.read(1 << 20), response.headers, None
     except urllib.error.HTTPError as err:
-        return err.code, "", time.monotonic() - started, "HTTP %d" % err.code
+        return err.code, b"", {}, "HTTP %d" % err.code
     except Exception as err:  # timeouts, refused connections, resets
-        return None, "", time.monotonic() - started, (str(err) or type(err).__name__)[:200]
+        return None, b"", {}, (str(err) or type(err).__name__)[:200]
 
 
 def _auth(cfg: Dict[str, Any]) -> Dict[str, str]:
@@ -300,20 +307,14 @@ def fetch_status(
     """A peer's published status; None when it cannot be read or (with ``key``) its answer is not
     signed with the engine's key over this request's nonce (said through ``refusals``)."""
     if key is None:
-        status, text, _latency, _error = http(url, timeout)
-        raw = text.encode("utf-8")
+        status, raw, _headers, _error = _request(url, timeout)
     else:
         parts = urllib.parse.urlsplit(url)
         path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
         headers, nonce = auth.request_headers(key, path)
-        request = urllib.request.Request(url, method="GET", headers=headers)
-        try:
-            with _OPENER.open(request, timeout=timeout) as response:
-                status, raw = response.status, response.read(1 << 20)
-                given = response.headers.get(auth.HEADER_MAC)
-        except Exception:  # timeouts, refused connections, resets, HTTP errors (a 401: our key differs)
-            return None
-        if status == 200 and not auth.response_ok(key, nonce, raw, given):
+        # a 401 (the peer's key differs) or no answer: status is not 200, so None below
+        status, raw, answer_headers, _error = _request(url, timeout, headers=headers)
+        if status == 200 and not auth.response_ok(key, nonce, raw, answer_headers.get(auth.HEADER_MAC)):
             if refusals is not None:
                 refusals.refuse(url, "a status answer not signed with this engine's key")
             return None
