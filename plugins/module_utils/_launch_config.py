@@ -119,10 +119,7 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
         raise UmaError("engine", engine, "is not a valid engine name", "Use letters, digits, '.', '_', '-' or '@'.")
     _check_command(config)
     _checks.url("health_url", config.get("health_url"), "Use e.g. http://127.0.0.1:8000/health.")
-    if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
-        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
-    for key in _PATHS:
-        config[key] = _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
+    _check_node_fields(config)
     model = _checks.path("model_path", config.get("model_path"), "Give the local model directory.", optional=True)
     if model is not None and not os.path.exists(model):
         raise UmaError("model_path", model, "does not exist on this node", "Give the local model directory.")
@@ -142,6 +139,14 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
     config["_identity"] = engine_identity(config)
     return config
+
+
+def _check_node_fields(config: Dict[str, Any]) -> None:
+    """pre_evict (one of files, drop, none) and the node's paths (absolute, normalised in place)."""
+    if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
+        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
+    for key in _PATHS:
+        config[key] = _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
 
 
 def _check_limits(config: Dict[str, Any], guard: Callable[[Dict[str, Any]], Any]) -> None:
@@ -173,10 +178,7 @@ def check_node_values(layer: Dict[str, Any]) -> None:
     raw = {k: v for k, v in (layer or {}).items() if k != "_comment"}
     _checks.known_keys(raw, KNOWN_KEYS, "a launcher")
     config = merge_config(raw)
-    if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
-        raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
-    for key in _PATHS:
-        _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
+    _check_node_fields(config)
     if config.get("guard_mode") not in _guard_config.MODES:
         raise UmaError("guard_mode", config.get("guard_mode"), "is not a guard mode",
                        "Use one of %s." % ", ".join(_guard_config.MODES))  # fmt: skip
