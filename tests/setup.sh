@@ -24,6 +24,7 @@ command -v dockerd >/dev/null || need_apt+=(docker.io)
 command -v promtool >/dev/null || need_apt+=(prometheus)
 command -v shellcheck >/dev/null || need_apt+=(shellcheck)
 command -v nft >/dev/null || need_apt+=(nftables)  # the firewall rules' test (a private netns)
+command -v podman >/dev/null || need_apt+=(podman)  # the container runtime test runs both clients
 if [ "${#need_apt[@]}" -gt 0 ]; then
   log "apt-get install ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

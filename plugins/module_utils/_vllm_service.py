@@ -280,6 +280,16 @@ def _check_runtime(where: str, engine: Dict[str, Any], settings: Dict[str, Any])
             _err(where + ".image", engine.get("image"), "is empty while the runtime is container",
                  "Set vllm_service_image (e.g. nvcr.io/nvidia/vllm:<tag>) or the engine's image.")
         )  # fmt: skip
+    options = [str(word) for word in settings.get("container_options") or []]
+    if (
+        runtime == "container"
+        and settings.get("container_engine") == "podman"
+        and any(word.startswith("--shm-size") for word in options)
+    ):  # podman: "cannot set shmsize when running in the host IPC Namespace" (found live)
+        errors.append(
+            _err("vllm_service_container_options", options, "sets --shm-size, which podman refuses with --ipc host",
+                 "Leave --shm-size out: the role runs every container with --ipc host (the host's /dev/shm).")
+        )  # fmt: skip
     command = engine.get("command")
     if command is not None and (not isinstance(command, list) or not all(isinstance(w, str) and w for w in command)):
         errors.append(_err(where + ".command", command, "is not a list of words", "Give e.g. [vllm, serve]."))

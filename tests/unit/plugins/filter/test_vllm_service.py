@@ -94,6 +94,13 @@ CHECKS = [
     ("secret name", [engine(secrets={"1X": "v"})], NATIVE, "is not an environment variable name"),
     ("overlap", [engine(env={"HF_TOKEN": "a"}, secrets={"HF_TOKEN": "b"})], NATIVE, "are also in env"),
     ("no image", [engine()], dict(DOCKER, image=""), "is empty while the runtime is container"),
+    (
+        "podman shm-size",
+        [engine()],
+        dict(DOCKER, container_engine="podman", container_options=["--shm-size=1g"]),
+        "sets --shm-size, which podman refuses with --ipc host",
+    ),
+    ("docker shm-size", [engine()], dict(DOCKER, container_options=["--shm-size", "1g"]), None),
     ("bad command", [engine(command="vllm serve")], NATIVE, "is not a list of words"),
     ("one node", [engine(nodes=["ai1"])], NATIVE, "must list at least two hosts"),
     (
