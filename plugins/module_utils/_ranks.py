@@ -255,6 +255,12 @@ class RankLink:
         self.lost: Optional[Tuple[str, bool]] = None
         self._stop = threading.Event()
         self._lost_lock = threading.Lock()
+        # rank 0's rendezvous: handshakes run side by side (a silent connection holds only its own
+        # thread for its 10 s, never the wait of a real rank); what they found, under this lock
+        self._greet_lock = threading.Lock()
+        self._greeting = 0
+        self._refused: Optional[PeerRefused] = None
+        self._met = False
 
     def _hello(self) -> Dict[str, Any]:
         return {"hello": self.engine, "rank": self.rank, "fingerprint": self.digest, "shared": self.shared}
@@ -308,14 +314,53 @@ class RankLink:
                 said = now
                 self.say("waiting on port %s for %d more rank(s) of engine %s" % (
                     self.cluster["link_port"], want - len(self.conns), self.engine))  # fmt: skip
-            server.settimeout(min(1.0, max(0.05, deadline - now)))
+            server.settimeout(min(0.2, max(0.05, deadline - now)))
             try:
                 sock, addr = server.accept()
             except socket.timeout:
+                self._raise_refused()
                 continue
-            self._greet(_Conn(sock, "%s:%s" % addr[:2]))
+            self._start_greeting(_Conn(sock, "%s:%s" % addr[:2]))
+            self._raise_refused()
+        with self._greet_lock:
+            self._met = True  # a handshake still going on is turned away
         server.close()
         self.server = None
+
+    GREETINGS_AT_ONCE = 8
+
+    def _start_greeting(self, conn: _Conn) -> None:
+        """Rank 0: this connection's handshake in a thread of its own, at most GREETINGS_AT_ONCE
+        at a time (more connections at once are closed unread, and named)."""
+        with self._greet_lock:
+            busy = self._greeting >= self.GREETINGS_AT_ONCE
+            if not busy:
+                self._greeting += 1
+        if busy:
+            self.say("ignored a connection from %s: %d handshakes already under way" % (
+                conn.peer, self.GREETINGS_AT_ONCE))  # fmt: skip
+            conn.close()
+            return
+        threading.Thread(target=self._greet_one, args=(conn,), name="rank-link-greet", daemon=True).start()
+
+    def _greet_one(self, conn: _Conn) -> None:
+        try:
+            self._greet(conn)
+        except PeerRefused as err:
+            with self._greet_lock:
+                self._refused = self._refused or err
+        except Exception as err:  # one connection's trouble never ends the wait
+            self.say("ignored a connection from %s: %s" % (conn.peer, err))
+            conn.close()
+        finally:
+            with self._greet_lock:
+                self._greeting -= 1
+
+    def _raise_refused(self) -> None:
+        with self._greet_lock:
+            refused = self._refused
+        if refused is not None:
+            raise refused
 
     def _greet(self, conn: _Conn) -> None:
         """Rank 0: one connection's handshake. A hello not signed with the engine's key over this
@@ -347,16 +392,19 @@ class RankLink:
             conn.send(auth.sign(self.key, {"refused": problem, "nonce": nonce}))
             conn.close()
             raise PeerRefused(problem)
-        if any(c.peer_rank == hello.get("rank") for c in self.conns):  # type: ignore[attr-defined]
+        with self._greet_lock:  # one handshake at a time from here: the rank's place is taken once
+            taken = self._met or any(c.peer_rank == hello.get("rank") for c in self.conns)  # type: ignore[attr-defined]
+            if not taken:
+                conn.peer_rank = hello.get("rank")  # type: ignore[attr-defined]
+                conn.send(auth.sign(self.key, {"ok": self.engine, "fingerprint": self.digest, "nonce": nonce,
+                                               "challenge": challenge}))  # fmt: skip
+                conn.start_session(auth.session_key(self.key, challenge, nonce))
+                self.conns.append(conn)
+        if taken:
             conn.send(auth.sign(self.key, {"refused": "rank %s is already on the link" % hello.get("rank"),
                                            "nonce": nonce}))  # fmt: skip
             conn.close()
             return
-        conn.peer_rank = hello.get("rank")  # type: ignore[attr-defined]
-        conn.send(auth.sign(self.key, {"ok": self.engine, "fingerprint": self.digest, "nonce": nonce,
-                                       "challenge": challenge}))  # fmt: skip
-        conn.start_session(auth.session_key(self.key, challenge, nonce))
-        self.conns.append(conn)
         self.say("rank %s joined from %s (fingerprint %s)" % (hello.get("rank"), conn.peer, hello.get("fingerprint")))
 
     def _join(self, deadline: float, should_stop: Callable[[], bool]) -> None:

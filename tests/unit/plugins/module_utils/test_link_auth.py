@@ -210,6 +210,49 @@ def test_a_strangers_hello_with_another_configuration_does_not_stop_rank_0(tmp_p
     r1["link"].notify("done", True)
 
 
+def test_a_silent_connection_does_not_hold_up_the_real_rank(tmp_path):
+    """Regression (issue 19): rank 0 shook hands with one connection at a time, waiting up to
+    10 s for its hello; a stranger that connected and said nothing held the real rank off for
+    that long (past a 5 s rendezvous here). Now each handshake runs on its own."""
+    port, keyfile = free_port(), key_file(tmp_path)
+    said0 = Said()
+    t0, r0 = start(config(0, port, keyfile, timeout=5.0), said0)
+    assert wait(lambda: r0["link"].server is not None)
+    silent = socket.create_connection(("127.0.0.1", port), timeout=5)  # connects, never says hello
+    try:
+        time.sleep(0.3)
+        t1, r1 = start(config(1, port, keyfile, timeout=5.0))
+        t1.join(8)
+        t0.join(8)
+        assert "error" not in r0 and "error" not in r1, (r0, r1)
+        assert [conn.peer_rank for conn in r0["link"].conns] == [1]
+        silent.settimeout(0.2)
+        with pytest.raises(socket.timeout):  # still open, still unanswered beyond its challenge
+            while silent.recv(4096):
+                pass
+    finally:
+        silent.close()
+    for link in (r0["link"], r1["link"]):
+        link.notify("done", True)
+
+
+def test_more_handshakes_at_once_than_allowed_are_closed_and_named(tmp_path):
+    port, keyfile = free_port(), key_file(tmp_path)
+    said0 = Said()
+    t0, r0 = start(config(0, port, keyfile, timeout=3.0), said0)
+    assert wait(lambda: r0["link"].server is not None)
+    socks = [
+        socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(_ranks.RankLink.GREETINGS_AT_ONCE + 1)
+    ]
+    try:
+        assert wait(lambda: said0.has("handshakes already under way"))
+    finally:
+        for sock in socks:
+            sock.close()
+    t0.join(8)
+    assert isinstance(r0.get("error"), _ranks.PeerTimeout)
+
+
 @pytest.mark.parametrize("forge", ["no MAC", "MAC over another challenge (a replayed hello)", "MAC with another key"])
 def test_hellos_without_a_fresh_mac_are_refused(tmp_path, forge):
     port, keyfile = free_port(), key_file(tmp_path)
