@@ -236,7 +236,7 @@ class Link:
             headers["Range"] = span
         req = urllib.request.Request(self.request.source + path, method=method, headers=headers)
         try:
-            return urllib.request.urlopen(req, timeout=self.request.timeout_s)  # noqa: S310 - http:// checked
+            return urllib.request.urlopen(req, timeout=self.request.timeout_s)
         except urllib.error.HTTPError as err:
             raise self._refused(err.code, path) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
@@ -359,8 +359,13 @@ def result_receive(p: ReceivePlan, done: Optional[Dict[str, Any]]) -> Dict[str, 
         "source": request.source,
         "manifest": os.path.join(request.dest, mf.MANIFEST),
         "files": [dict(name=n, **v) for n, v in sorted(request.files.items())],
-        "copy": {"files": list(p.stale), "bytes": p.need_bytes, "done": done is not None,
-                 "copied": list(p.copied), "resumed": dict(p.resumed)},  # fmt: skip
+        "copy": {
+            "files": list(p.stale),
+            "bytes": p.need_bytes,
+            "done": done is not None,
+            "copied": list(p.copied),
+            "resumed": dict(p.resumed),
+        },
         "space": {"path": request.dest, "need_bytes": p.need_bytes, "free_bytes": p.free_bytes},
         "verified": list(p.verified),
     }
@@ -412,7 +417,7 @@ class CopyHandler(BaseHTTPRequestHandler):
     server: CopyServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         return
 
     def _reply(self, code: int, text: str = "") -> None:
@@ -434,7 +439,7 @@ class CopyHandler(BaseHTTPRequestHandler):
             return False
         return True
 
-    def do_POST(self) -> None:  # noqa: N802 - the base class's name
+    def do_POST(self) -> None:
         if not self._allowed():
             return
         if self.path in ("/done/ok", "/done/failed"):
@@ -442,7 +447,7 @@ class CopyHandler(BaseHTTPRequestHandler):
             return self._reply(200, "ok\n")
         return self._reply(404, "no such route\n")
 
-    def do_GET(self) -> None:  # noqa: N802 - the base class's name
+    def do_GET(self) -> None:
         if not self._allowed():
             return
         path = urlsplit(self.path).path
@@ -523,8 +528,12 @@ def validate_serve(params: Dict[str, Any]) -> Serve:
     files = expected_files([dict(name=n, **v) for n, v in (manifest.get("files") or {}).items()])
     for name, want in files.items():
         if mf._local_size(root, name) != want["size"]:
-            raise _bad("dest", root, "%s is not %d bytes as its manifest says" % (name, want["size"]),
-                       "Run model_fetch with verify: true on rank 0 (it downloads what is damaged), then again.")
+            raise _bad(
+                "dest",
+                root,
+                "%s is not %d bytes as its manifest says" % (name, want["size"]),
+                "Run model_fetch with verify: true on rank 0 (it downloads what is damaged), then again.",
+            )
     numbers = {}
     for option, low, high in (("port", 1, 65535), ("peers", 1, 1024), ("idle_s", 1, 3600), ("timeout_s", 1, 86400)):
         value = params.get(option)
@@ -567,4 +576,5 @@ def serve(s: Serve, say: Callable[[str], None], clock: Callable[[], float] = tim
         server.server_close()
     with server.lock:
         stats = dict(server.stats)
-    return dict(stats, stopped=reason, refused=server.refusals.count, peers=s.peers, seconds=round(clock() - started, 1))
+    seconds = round(clock() - started, 1)
+    return dict(stats, stopped=reason, refused=server.refusals.count, peers=s.peers, seconds=seconds)

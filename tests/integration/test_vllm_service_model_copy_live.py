@@ -18,7 +18,11 @@ from __future__ import annotations
 import json
 import socket
 
-from test_vllm_service_hub_live import REPO, fetch_play, hub, model, role_play, run, source, venv  # noqa: F401
+import test_vllm_service_hub_live as base
+from test_vllm_service_hub_live import REPO, fetch_play, role_play, run
+
+# the Hub test's fixtures (the stand-in Hub over a tiny model, the venv with vLLM's metadata)
+model, source, hub, venv = base.model, base.source, base.hub, base.venv
 
 DEAD = "http://127.0.0.1:9"
 
@@ -95,7 +99,7 @@ def test_rank0_downloads_once_and_the_other_rank_copies_it(tmp_path, hub, source
     assert "skipping: [ai1]" in task(out, "Serve rank 0's verified snapshot")
 
     # a shard damaged on ai2 (same size): verify finds it, names it, and the fix copies it again
-    shard = b / [n for n in names if n.endswith(".safetensors")][0]
+    shard = b / next(n for n in names if n.endswith(".safetensors"))
     shard.write_bytes(b"\0" * shard.stat().st_size)
     proc, out = run(tmp_path, play(tmp_path, master, source="rank0"), inventory(hub.endpoint))
     assert proc.returncode == 2 and "%s has sha256" % shard in out and "the file is damaged" in out, out[-3000:]

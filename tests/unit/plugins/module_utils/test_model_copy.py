@@ -156,7 +156,7 @@ def test_a_partial_copy_resumes_with_a_range(tmp_path, rank0):
 
 
 def test_a_damaged_partial_file_fails_naming_it_and_is_deleted(tmp_path, rank0):
-    root, files, data = rank0
+    root, files, _data = rank0
     name = "model-00001-of-00002.safetensors"
     server = Server(tmp_path, root)
     params = receive_params(tmp_path, files, server.port)
@@ -188,8 +188,8 @@ def test_a_wrong_key_is_refused_and_said(tmp_path, rank0):
     assert served["done_ok"] == 1
 
 
-def _signed_get(port, path, key=KEY.encode()):
-    headers, _ = _link_auth.request_headers(key, "%s|" % path, "GET")
+def _signed_get(port, path):
+    headers, _ = _link_auth.request_headers(KEY.encode(), "%s|" % path, "GET")
     req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=5) as response:

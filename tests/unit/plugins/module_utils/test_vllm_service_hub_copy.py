@@ -83,8 +83,12 @@ def test_rank0_serves_once_for_the_ranks_that_lack_the_model():
     # every rank has it already: no server at all
     assert vs.hub_copy_servers([engine("ai1")], hostvars(need=()), "rank0", ENGINES_DIR, fetched) == []
     # rank 0's own download did not run (check mode without a token): nothing to serve
-    assert vs.hub_copy_servers([engine("ai1")], hostvars(), "rank0", ENGINES_DIR, [{"item": {"name": "tp"},
-                                                                                    "skipped": True}]) == []
+    assert (
+        vs.hub_copy_servers(
+            [engine("ai1")], hostvars(), "rank0", ENGINES_DIR, [{"item": {"name": "tp"}, "skipped": True}]
+        )
+        == []
+    )
     assert vs.hub_copy_servers([engine("ai2")], hostvars(), "rank0", ENGINES_DIR, fetched) == []
     assert vs.hub_copy_servers([engine("ai1")], hostvars(), "hub", ENGINES_DIR, fetched) == []
 
