@@ -32,8 +32,6 @@ import re
 import stat
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -201,10 +199,10 @@ def _verify_local(request: Receive) -> List[str]:
             raise _bad(
                 "verify",
                 True,
-                "%s has sha256 %s, %s's verified copy has %s: the file is damaged" % (path, actual, request.label,
-                                                                                     want["sha256"]),
+                "%s has sha256 %s, %s's verified copy has %s: the file is damaged"
+                % (path, actual, request.label, want["sha256"]),
                 "Delete %s and run again to copy it again from rank 0." % path,
-            )  # fmt: skip
+            )
         checked.append(name)
     return checked
 
@@ -229,25 +227,34 @@ class Link:
         self.request = request
         self.key = secret_key("key_file", request.key_file, owners=(0, os.geteuid()))
 
-    def _open(self, method: str, path: str, start: int = 0) -> Any:
+    def _unreachable(self, err: BaseException) -> UmaError:
+        return _bad(
+            "source",
+            self.request.source,
+            "%s's copy server cannot be reached (%s)" % (self.request.label, err),
+            "Check that rank 0's play reached its serve task (its model_fetch succeeded), that this node reaches "
+            "rank 0's cluster address (uma_cluster_addr) and port, and run again (a partial copy resumes); or set "
+            "vllm_service_model_source: hub to download on every node.",
+        )
+
+    def _open(self, method: str, path: str, start: int = 0) -> Tuple[http.client.HTTPConnection, Any]:
         span = "bytes=%d-" % start if start else ""
-        headers, _ = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)
+        headers = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)[0]
         if span:
             headers["Range"] = span
-        req = urllib.request.Request(self.request.source + path, method=method, headers=headers)
+        match = SOURCE_RE.fullmatch(self.request.source)
+        host, port = match.group(1).strip("[]"), int(match.group(2))
+        conn = http.client.HTTPConnection(host, port, timeout=self.request.timeout_s)
         try:
-            return urllib.request.urlopen(req, timeout=self.request.timeout_s)
-        except urllib.error.HTTPError as err:
-            raise self._refused(err.code, path) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as err:
-            raise _bad(
-                "source",
-                self.request.source,
-                "%s's copy server cannot be reached (%s)" % (self.request.label, getattr(err, "reason", err)),
-                "Check that rank 0's play reached its serve task (its model_fetch succeeded), that this node reaches "
-                "rank 0's cluster address (uma_cluster_addr) and port, and run again; or set "
-                "vllm_service_model_source: hub to download on every node.",
-            ) from None
+            conn.request(method, path, headers=headers)
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            raise self._unreachable(err) from None
+        if response.status not in (200, 206):
+            conn.close()
+            raise self._refused(response.status, path)
+        return conn, response
 
     def _refused(self, code: int, path: str) -> UmaError:
         if code == 401:
@@ -267,21 +274,29 @@ class Link:
         )
 
     def fetch(self, name: str, part: str, start: int) -> None:
-        response = self._open("GET", "/f/" + quote(name, safe="/"), start)
-        with response:
+        conn, response = self._open("GET", "/f/" + quote(name, safe="/"), start)
+        try:
             if start and response.status != 206:
                 start = 0  # the server sent the whole file: start over
             with open(part, "r+b" if start else "wb") as handle:
                 handle.seek(start)
                 handle.truncate()
-                for block in iter(lambda: response.read(BLOCK), b""):
+                while True:
+                    try:
+                        block = response.read(BLOCK)
+                    except (OSError, http.client.HTTPException) as err:
+                        raise self._unreachable(err) from None
+                    if not block:
+                        break
                     handle.write(block)
                 handle.flush()
                 os.fsync(handle.fileno())
+        finally:
+            conn.close()
 
     def done(self, ok: bool) -> None:
         try:
-            self._open("POST", "/done/%s" % ("ok" if ok else "failed")).close()
+            self._open("POST", "/done/%s" % ("ok" if ok else "failed"))[0].close()
         except UmaError:
             pass  # the server stops on its own at its idle time
 
@@ -430,8 +445,8 @@ class CopyHandler(BaseHTTPRequestHandler):
 
     def _allowed(self) -> bool:
         peer = "%s:%s" % self.client_address[:2]
-        problem, _ = self.server.check.problem(self.command, "%s|%s" % (self.path, self.headers.get("Range") or ""),
-                                               self.headers)  # fmt: skip
+        signed = "%s|%s" % (self.path, self.headers.get("Range") or "")
+        problem = self.server.check.problem(self.command, signed, self.headers)[0]
         self.server.touch(requests=1)
         if problem:
             self.server.refusals.refuse(peer, problem)

@@ -17,7 +17,7 @@ description:
   - O(mode=serve) (rank 0) serves the verified snapshot in O(dest) read-only over HTTP, bound to O(bind) (rank 0's
     cluster address) and O(port) only, until O(peers) receivers said they are done, O(idle_s) passed without a
     request or a byte sent, or O(timeout_s) passed. Only the files its manifest (C(.uma-model-manifest.json),
-    written by M(uma.vllm.model_fetch)) names are served. Run it with C(async) and C(poll: 0); it never outlives
+    written by M(uma.vllm.model_fetch)) names are served. Run it with C(async) and C(poll=0); it never outlives
     O(timeout_s).
   - Every request carries an HMAC-SHA256 under the engine's link key (O(key_file), the 0600 file the
     C(uma.vllm.vllm_service) role delivers for the rank link) over the method, path, range, a fresh nonce and the

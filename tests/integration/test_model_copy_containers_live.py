@@ -72,7 +72,7 @@ def nodes(tmp_path_factory):
             fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
             addrs[host] = docker("inspect", "-f", fmt, name).stdout.strip()
         probe = "import urllib.request as u; u.urlopen('%s/api/models/%s', timeout=2)" % (STANDIN, REPO)
-        for _ in range(50):
+        for _attempt in range(50):
             if docker("exec", names["ai1"], "python3", "-c", probe, check=False).returncode == 0:
                 break
             time.sleep(0.2)
@@ -87,6 +87,7 @@ PLAY = """- hosts: all
   gather_facts: false
   vars:
     vllm_service_hub_endpoint: %(standin)s
+    vllm_service_models_dir: /var/lib/uma-vllm/models
     vllm_service_link_key_dir: "%(keys)s"
     vllm_service_engines:
       - {name: tp, model: %(repo)s, port: 8000, nodes: [ai1, ai2], master_port: 29500, api_auth: none,

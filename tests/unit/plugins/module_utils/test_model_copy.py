@@ -8,11 +8,10 @@ and path traversal refused; the server always stops (peers done, idle)."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import socket
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -71,7 +70,7 @@ class Server:
         self.result = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
-        for _ in range(100):
+        for _attempt in range(100):
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.1).close()
                 break
@@ -173,7 +172,7 @@ def test_a_damaged_partial_file_fails_naming_it_and_is_deleted(tmp_path, rank0):
 
 
 def test_a_wrong_key_is_refused_and_said(tmp_path, rank0):
-    root, files, _ = rank0
+    root, files, _data = rank0
     server = Server(tmp_path, root)
     params = receive_params(tmp_path, files, server.port, key="cd" * 32)
     with pytest.raises(UmaError) as err:
@@ -189,13 +188,13 @@ def test_a_wrong_key_is_refused_and_said(tmp_path, rank0):
 
 
 def _signed_get(port, path):
-    headers, _ = _link_auth.request_headers(KEY.encode(), "%s|" % path, "GET")
-    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path), headers=headers)
+    headers = _link_auth.request_headers(KEY.encode(), "%s|" % path, "GET")[0]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
-        with urllib.request.urlopen(req, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as err:
-        return err.code
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
 
 
 @pytest.mark.parametrize(
@@ -203,7 +202,7 @@ def _signed_get(port, path):
              "/f//etc/passwd", "/etc/passwd", "/f/"],
 )  # fmt: skip
 def test_only_the_snapshot_s_files_are_served(tmp_path, rank0, path):
-    root, _, _ = rank0
+    root = rank0[0]
     server = Server(tmp_path, root, idle_s=1)
     assert _signed_get(server.port, path) == 404
     assert _signed_get(server.port, "/f/config.json") == 200
@@ -211,7 +210,7 @@ def test_only_the_snapshot_s_files_are_served(tmp_path, rank0, path):
 
 
 def test_a_symlink_in_place_of_a_file_is_not_served(tmp_path, rank0):
-    root, _, _ = rank0
+    root = rank0[0]
     (root / "config.json").unlink()
     (root / "config.json").symlink_to(tmp_path / "outside")
     with pytest.raises(UmaError):  # its size no longer matches the manifest
@@ -219,7 +218,7 @@ def test_a_symlink_in_place_of_a_file_is_not_served(tmp_path, rank0):
 
 
 def test_an_unreachable_rank0_names_the_engine_node_and_fix(tmp_path, rank0):
-    _, files, _ = rank0
+    files = rank0[1]
     params = receive_params(tmp_path, files, _free_port())
     with pytest.raises(UmaError) as err:
         mc.execute_receive(mc.plan_receive(mc.validate_receive(params)))
@@ -229,7 +228,7 @@ def test_an_unreachable_rank0_names_the_engine_node_and_fix(tmp_path, rank0):
 
 
 def test_serve_refuses_a_snapshot_of_another_commit(tmp_path, rank0):
-    root, _, _ = rank0
+    root = rank0[0]
     params = {"dest": str(root), "repo_id": "lab/tiny", "commit": "f" * 40, "bind": "127.0.0.1", "port": 1,
               "key_file": _key(tmp_path / "k"), "peers": 1, "idle_s": 1, "timeout_s": 1}  # fmt: skip
     with pytest.raises(UmaError) as err:
@@ -254,7 +253,7 @@ def test_serve_refuses_a_snapshot_of_another_commit(tmp_path, rank0):
     ],
 )
 def test_bad_receive_options_are_refused_naming_them(tmp_path, rank0, change, option):
-    _, files, _ = rank0
+    files = rank0[1]
     params = dict(receive_params(tmp_path, files, 1), **change)
     with pytest.raises(UmaError) as err:
         mc.validate_receive(params)
@@ -262,7 +261,7 @@ def test_bad_receive_options_are_refused_naming_them(tmp_path, rank0, change, op
 
 
 def test_too_little_space_copies_nothing(tmp_path, rank0):
-    _, files, _ = rank0
+    files = rank0[1]
     with pytest.raises(UmaError) as err:
         mc.plan_receive(mc.validate_receive(receive_params(tmp_path, files, 1)), free=lambda _p: 10)
     assert "option 'dest'" in err.value.message and "nothing was copied" in err.value.message

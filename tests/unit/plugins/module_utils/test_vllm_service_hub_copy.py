@@ -23,7 +23,8 @@ def engine(host):
     return found
 
 
-def hostvars(files=FILES, commit=COMMIT, need=("ai2",)):
+def hostvars(files=None, commit=COMMIT, need=("ai2",)):
+    files = FILES if files is None else files
     rank0 = {"item": engine("ai1"), "commit": commit, "files": files, "changed": False}
     out = {
         "ai1": {"__vllm_service_node": {"addr": "10.0.0.1"}, "__vllm_service_fetched": {"results": [rank0]}},
