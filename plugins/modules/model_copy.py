@@ -22,7 +22,7 @@ description:
   - Every request carries an HMAC-SHA256 under the engine's link key (O(key_file), the 0600 file the
     C(uma.vllm.vllm_service) role delivers for the rank link) over the method, path, range, a fresh nonce and the
     time. A request with a wrong or missing MAC, an old time or a replayed nonce is refused with 401 and counted in
-    RV(served.refused).
+    RV(served).
   - O(mode=receive) (the other ranks) compares O(dest) with O(files) (names, sizes and sha256 from rank 0's
     model_fetch result, handed over by Ansible, never read from the network). A node that already holds them
     copies nothing and opens no connection. Otherwise each missing file is copied into a partial file (an
