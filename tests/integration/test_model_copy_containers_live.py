@@ -14,6 +14,7 @@ The containers run `sleep` rather than systemd: nothing here needs a service man
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import shutil
@@ -126,7 +127,7 @@ def play(tmp_path, nodes, *extra, keys="keys"):
 
 
 def shas(nodes, host):
-    script = "cd %s && sha256sum $(find . -type f ! -path './.cache/*' ! -path './.uma-copy/*' | sort)" % DEST
+    script = "cd %s && sha256sum $(find . -type f ! -path './.cache/*' ! -name '.uma-*' | sort)" % DEST
     return docker("exec", nodes["names"][host], "sh", "-c", script).stdout
 
 
@@ -139,7 +140,12 @@ def test_ai2_copies_ai1_s_download_and_never_reaches_the_hub(tmp_path, nodes):
     proc, out = play(tmp_path, nodes, "-e", "__vllm_service_copy_idle_s=30")
     assert proc.returncode == 0, out[-5000:]
     one, two = shas(nodes, "ai1"), shas(nodes, "ai2")
-    assert one == two and ".safetensors" in two and ".uma-model-manifest.json" in two, (one, two)
+    assert one == two and ".safetensors" in two, (one, two)
+    manifests = [json.loads(docker("exec", nodes["names"][h], "cat", DEST + "/.uma-model-manifest.json").stdout)
+                 for h in ("ai1", "ai2")]  # fmt: skip
+    assert manifests[0]["commit"] == manifests[1]["commit"] and manifests[0]["files"] == manifests[1]["files"]
+    assert manifests[1]["endpoint"].startswith("copy from engine tp, rank 0 on ai1 (http://%s:29512)"
+                                               % nodes["addrs"]["ai1"])  # fmt: skip
     from_hub = subprocess.run(["sh", "-c", "cd %s && sha256sum $(ls | sort)" % nodes["model"]], capture_output=True,
                               text=True, check=True).stdout  # fmt: skip
     for line in from_hub.splitlines():
