@@ -163,7 +163,7 @@ def test_ai2_copies_ai1_s_download_and_never_reaches_the_hub(tmp_path, nodes):
 
     # ai2 without the model and with another link key: refused, named, nothing copied
     docker("exec", nodes["names"]["ai2"], "rm", "-rf", DEST)
-    proc, out = play(tmp_path, nodes, "-e", "__vllm_service_copy_idle_s=5",
+    proc, out = play(tmp_path, nodes, "-e", "__vllm_service_copy_idle_s=15",
                      keys="keys-{{ inventory_hostname }}")  # fmt: skip
     assert proc.returncode == 2, out[-4000:]
     assert "engine tp, rank 0 on ai1 refused the request" in out and "link key differs from rank 0's" in out

@@ -115,7 +115,7 @@ def test_a_rank_with_another_link_key_is_refused(tmp_path, hub):
     master = _port()
     # each host its own key directory on the controller: ai2's key differs from ai1's
     proc, out = run(tmp_path, play(tmp_path, master, source="rank0", key_dir_suffix="-{{ inventory_hostname }}"),
-                    inventory(hub.endpoint), "-e", "__vllm_service_copy_idle_s=5")  # fmt: skip
+                    inventory(hub.endpoint), "-e", "__vllm_service_copy_idle_s=15")  # fmt: skip
     assert proc.returncode == 2, out[-4000:]
     assert "engine tp, rank 0 on ai1 refused the request" in out and "(401)" in out, out[-4000:]
     assert "this node's link key differs from rank 0's" in out
