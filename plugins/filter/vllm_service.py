@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
 plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins),
-_vllm_service_state.py (restarts, unit states, status), _vllm_service_hub.py (models from the Hub)
+_vllm_service_state.py (restarts, unit states, status), _vllm_service_hub.py (models from the Hub),
+_vllm_service_hub_copy.py (a multi-node engine's model copied from rank 0)
 and _vllm_service_files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
@@ -20,6 +21,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as m
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as firewall
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub as hub
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub_copy as hub_copy
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
@@ -65,6 +67,8 @@ hub_errors = as_filter(hub.hub_errors)
 hub_fetched = as_filter(hub.fetched)
 hub_commits = as_filter(hub.commits)
 hub_rank_errors = as_filter(hub.rank_errors)
+hub_copy_receives = as_filter(hub_copy.receives)
+hub_copy_servers = as_filter(hub_copy.servers)
 firewall_rules = as_filter(firewall.firewall_rules)
 
 
@@ -111,6 +115,8 @@ class FilterModule:
             "vllm_service_hub_fetched": hub_fetched,
             "vllm_service_hub_commits": hub_commits,
             "vllm_service_hub_rank_errors": hub_rank_errors,
+            "vllm_service_hub_copy_receives": hub_copy_receives,
+            "vllm_service_hub_copy_servers": hub_copy_servers,
             "vllm_service_version_scripts": version_scripts,
             "vllm_service_version_probes": version.probes,
             "vllm_service_version_probe_argv": version.probe_argv,

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import secrets
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_hub_copy import source_errors
 
 DEFAULT_REVISION = "main"
 COMMIT_ENV = "UMA_MODEL_COMMIT"
@@ -138,6 +139,8 @@ def _settings_errors(settings: Dict[str, Any]) -> List[str]:
                  "true (hash every safetensors file on every run) or false (sizes, and the hashes of what was"
                  " downloaded).")
         )  # fmt: skip
+    if "source" in settings:
+        errors.extend(source_errors(settings["source"]))
     patterns = settings.get("allow_patterns")
     if patterns is not None and not _valid(mf._patterns, patterns):
         errors.append(

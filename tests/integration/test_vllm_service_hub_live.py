@@ -78,6 +78,8 @@ FETCH_PLAY = """- hosts: all
     vllm_service_models_dir: "%(tmp)s/{{ inventory_hostname }}/models"
     vllm_service_config_dir: "%(tmp)s/{{ inventory_hostname }}/etc"
     vllm_service_hub_endpoint: "{{ endpoint }}"
+    vllm_service_model_source: %(source)s
+    vllm_service_link_key_dir: "%(tmp)s/keys%(key_dir_suffix)s"
     vllm_service_engines:
       - {name: tp, model: %(repo)s, port: 8000, nodes: [ai1, ai2], plan: {tensor_parallel_size: 2}, %(secrets)s}
   tasks:
@@ -108,8 +110,12 @@ def inventory(ep1, ep2):
             % (ep1, ep2))  # fmt: skip
 
 
-def fetch_play(tmp_path, repo=REPO, secrets=""):
-    return FETCH_PLAY % {"tmp": tmp_path, "repo": repo, "secrets": secrets or "api_auth: none"}
+def fetch_play(tmp_path, repo=REPO, secrets="", source="hub", key_dir_suffix="", engine_extra=""):
+    """The role's model tasks on ai1 and ai2; source hub: every node downloads (the tests here),
+    rank0: ai2 copies from ai1 (test_vllm_service_model_copy_live.py)."""
+    secrets = (secrets or "api_auth: none") + engine_extra
+    return FETCH_PLAY % {"tmp": tmp_path, "repo": repo, "secrets": secrets, "source": source,
+                         "key_dir_suffix": key_dir_suffix}  # fmt: skip
 
 
 def engines(tmp_path, host):

@@ -89,6 +89,8 @@ ROLE_REFUSALS = [
     ("verify", {"verify": "maybe"}, "vllm_service_model_verify = 'maybe' is not a boolean"),
     ("patterns", {"allow_patterns": "*.safetensors"}, "vllm_service_model_allow_patterns = '*.safetensors' is not"),
     ("patterns empty", {"allow_patterns": []}, "vllm_service_model_allow_patterns = [] is not"),
+    ("source", {"source": "rank1"}, "vllm_service_model_source = 'rank1' is not one of rank0, hub. Fix:"),
+    ("source none", {"source": None}, "vllm_service_model_source = None is not one of rank0, hub"),
 ]
 
 
