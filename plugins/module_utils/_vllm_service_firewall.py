@@ -5,8 +5,9 @@
 
 What listens between the nodes of a multi-node engine is reachable only from the engine's own
 nodes: vLLM's ``master_port`` (torch.distributed's TCPStore listens on every address and vLLM
-cannot bind it), the launchers' rank link (``link_port``), the watchdogs' status port and, with
-the Ray backend, Ray's head port. One nftables table, ``inet uma_vllm``, with one ``input`` chain:
+cannot bind it), the launchers' rank link (``link_port``), the watchdogs' status port, rank 0's
+model copy port (``master_port + 12``, open only while a Hub model is copied) and, with the Ray
+backend, Ray's head port. One nftables table, ``inet uma_vllm``, with one ``input`` chain:
 a TCP packet to one of an engine's ports from an address that is not one of the engine's nodes'
 cluster addresses (``uma_cluster_addr``) is dropped; loopback is never filtered. The table is
 replaced whole in one transaction (``nft -f``), so a run never leaves half a ruleset.
@@ -21,6 +22,7 @@ import ipaddress
 from typing import Any, Dict, List, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_hub_copy import COPY_PORT_OFFSET
 
 TABLE = "uma_vllm"
 STATUS_PORT_OFFSET = 11  # the watchdogs' status port (plugins/module_utils/_vllm_service_watchdog.py)
@@ -40,7 +42,12 @@ def engine_ports(engine: Dict[str, Any]) -> List[int]:
     """The TCP ports of a multi-node engine that only its nodes may reach."""
     cluster = engine["cluster"]
     master = int(cluster["master_port"])
-    ports = {master, int(cluster["link_port"]), int(engine.get("watchdog_port") or master + STATUS_PORT_OFFSET)}
+    ports = {
+        master,
+        int(cluster["link_port"]),
+        int(engine.get("watchdog_port") or master + STATUS_PORT_OFFSET),
+        master + COPY_PORT_OFFSET,  # rank 0 serves a Hub model to the other ranks (model_copy)
+    }
     if cluster.get("backend") == "ray":
         ports.add(int(cluster["ray_port"]))
     return sorted(ports)

@@ -23,7 +23,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_fire
 
 PREFIX = "itest-fw-%d" % os.getpid()
 NODE, PEER, STRANGER = PREFIX + "-node", PREFIX + "-peer", PREFIX + "-stranger"
-API, MASTER, LINK, STATUS = 8000, 29501, 29511, 29512
+API, MASTER, LINK, STATUS, COPY = 8000, 29501, 29511, 29512, 29513
 
 
 def _docker(*args, check=True):
@@ -107,7 +107,7 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
     }
     hostvars = {"node": {"uma_cluster_addr": nodes["node"]}, "peer": {"uma_cluster_addr": nodes["peer"]}}
     rules = fw.firewall_rules([engine], hostvars)
-    assert "tcp dport { %d, %d, %d }" % (MASTER, LINK, STATUS) in rules
+    assert "tcp dport { %d, %d, %d, %d }" % (MASTER, LINK, STATUS, COPY) in rules
 
     first = _play(tmp_path, rules)
     assert first["changed"] > 0 and first["failures"] == 0
@@ -116,7 +116,7 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
     assert _docker("exec", NODE, "systemctl", "is-active", "uma-vllm-firewall.service").stdout.strip() == "active"
     assert "table inet uma_vllm" in _docker("exec", NODE, "nft", "list", "tables").stdout
 
-    for port in (API, MASTER, LINK, STATUS):
+    for port in (API, MASTER, LINK, STATUS, COPY):
         _docker("exec", "-d", NODE, "python3", "-m", "http.server", str(port))
     for _attempt in range(20):
         if _reaches(PEER, nodes["node"], STATUS):
@@ -124,10 +124,16 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
         time.sleep(0.5)
     seen = {
         port: (_reaches(PEER, nodes["node"], port), _reaches(STRANGER, nodes["node"], port))
-        for port in (API, MASTER, LINK, STATUS)
+        for port in (API, MASTER, LINK, STATUS, COPY)
     }
     # (peer reaches, stranger reaches): the API is for clients, the cluster ports for the engine's nodes
-    assert seen == {API: (True, True), MASTER: (True, False), LINK: (True, False), STATUS: (True, False)}, seen
+    assert seen == {
+        API: (True, True),
+        MASTER: (True, False),
+        LINK: (True, False),
+        STATUS: (True, False),
+        COPY: (True, False),
+    }, seen
 
     removed = _play(tmp_path, "")
     assert removed["changed"] > 0

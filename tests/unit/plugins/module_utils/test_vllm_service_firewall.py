@@ -33,15 +33,17 @@ def test_rules_drop_strangers_on_the_engines_cluster_ports_only():
     assert text.startswith("#!/usr/sbin/nft -f\n# Managed by uma.vllm (role vllm_service)\n")
     assert "table inet uma_vllm\ndelete table inet uma_vllm\ntable inet uma_vllm {" in text
     assert 'iif "lo" accept' in text
-    assert "meta nfproto ipv4 tcp dport { 29501, 29511, 29512 } ip saddr != { 10.77.0.1, 10.77.0.2 } drop" in text
-    assert "meta nfproto ipv6 tcp dport { 29501, 29511, 29512 } drop" in text  # no IPv6 node: none may
+    assert (
+        "meta nfproto ipv4 tcp dport { 29501, 29511, 29512, 29513 } ip saddr != { 10.77.0.1, 10.77.0.2 } drop" in text
+    )
+    assert "meta nfproto ipv6 tcp dport { 29501, 29511, 29512, 29513 } drop" in text  # no IPv6 node: none may
     assert "8000" not in text and "8001" not in text  # the API is the API key's, not the firewall's
     assert fw.firewall_rules(engines(), HOSTVARS) == fw.firewall_rules(engines("ai2"), HOSTVARS)
 
 
 def test_ray_port_and_own_ports_and_no_multi_node_engine():
     text = fw.firewall_rules(engines(backend="ray", master_port=30000, watchdog_port=31000), HOSTVARS)
-    assert "tcp dport { 6379, 30000, 30010, 31000 }" in text
+    assert "tcp dport { 6379, 30000, 30010, 30012, 31000 }" in text
     assert fw.firewall_rules(vs.host_engines([{"name": "solo", "port": 1, "model_path": "/m"}], "ai1"), {}) == ""
     v6 = {"ai1": {"uma_cluster_addr": "fd00::1"}, "ai2": {"uma_cluster_addr": "fd00::2"}}
     text = fw.firewall_rules(engines(), v6)
