@@ -44,7 +44,7 @@ import yaml
 from test_vllm_parser_oracle import IMAGE, ROOT, VENV
 
 sys.path.insert(0, str(ROOT / "lab"))
-import hub_standin  # noqa: E402
+import hub_standin
 
 PREFIX = os.environ.get("UMA_ITEST_PREFIX", "itest")
 NODE = "%s-examples-%d" % (PREFIX, os.getpid())
@@ -130,8 +130,8 @@ def _playbook(hub_commit):
     plays = []
     for module, tasks in module_examples():
         body = []
-        for task in tasks:
-            task = dict(task)
+        for example in tasks:
+            task = dict(example)
             name = task["name"]
             key = "uma.vllm.%s" % module
             if key in task:
@@ -231,7 +231,8 @@ set -e
 umask 077
 printf '%%s\\n' '%(token)s' >/root/.hf_token
 mkdir -p /srv/support/case-42/journal /srv/support/case-42/uma-vllm
-printf '2026-07-01T10:00:00+0000 node systemd[1]: Started uma-vllm@qwen.service.\\n' >/srv/support/case-42/journal/qwen.log
+printf '2026-07-01T10:00:00+0000 node systemd[1]: Started uma-vllm@qwen.service.\\n' \\
+  >/srv/support/case-42/journal/qwen.log
 printf '2026-07-01T09:59:00+0000 node kernel: Linux version 6.1.0\\n' >/srv/support/case-42/dmesg.txt
 """ % {"token": HUB_TOKEN}
         _docker("exec", NODE, "bash", "-c", setup)
@@ -259,24 +260,25 @@ def test_every_example_runs_in_check_mode_and_changes_nothing(node, tmp_path):
     (tmp_path / "files" / "qwen3-32b" / "config.json").write_text(json.dumps(QWEN3_32B))
     (tmp_path / "examples.yml").write_text(yaml.safe_dump(_playbook(commit), sort_keys=False))
     (tmp_path / "vars.json").write_text(json.dumps(VARS))
-    (tmp_path / "hosts.yml").write_text(
-        yaml.safe_dump({"all": {"hosts": {"node": {
-            "ansible_host": node, "ansible_connection": "community.docker.docker",
-            "ansible_python_interpreter": "/usr/bin/python3",
-        }}}})  # fmt: skip
-    )
+    host = {
+        "ansible_host": node,
+        "ansible_connection": "community.docker.docker",
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
     before = _snapshot()
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     proc = subprocess.run(
         ["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "examples.yml"),
          "-e", "@%s" % (tmp_path / "vars.json"), "--check", "--diff"],
-        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600,
+        check=False, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     after = _snapshot()
     try:
         report = json.loads(proc.stdout)
     except ValueError:
-        pytest.fail("ansible-playbook printed no JSON report (rc %d):\n%s\n%s" % (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:]))
+        tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+        pytest.fail("ansible-playbook printed no JSON report (rc %d):\n%s" % (proc.returncode, tail))
     failed, ran = [], set()
     for play in report["plays"]:
         for task in play["tasks"]:
@@ -289,3 +291,6 @@ def test_every_example_runs_in_check_mode_and_changes_nothing(node, tmp_path):
     assert expected <= ran, "example tasks that never ran: %s" % sorted(expected - ran)
     changed = sorted(set(before) ^ set(after))
     assert not changed, "check mode changed the node:\n" + "\n".join(changed[:60])
+    # the snapshot sees a change where there is one (a file in /etc, a live vm.* value)
+    _docker("exec", node, "touch", "/etc/uma-examples-probe")
+    assert any("/etc/uma-examples-probe" in line for line in set(_snapshot()) - set(after))
