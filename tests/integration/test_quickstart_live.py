@@ -286,7 +286,7 @@ def lab(tmp_path_factory):
 
 def test_the_readme_quick_start_runs_as_written(lab):
     readme = (ROOT / "README.md").read_text()
-    steps = check_known(readme, [command for command, _ in STEPS])
+    steps = check_known(readme, [command for command, _action in STEPS])
     assert len(steps) == len(STEPS)
     try:
         for command, action in STEPS:

@@ -20,13 +20,13 @@ import _quickstart as qs
 import test_quickstart_live as live
 
 README = (ROOT / "README.md").read_text()
-KNOWN = [command for command, _ in live.STEPS]
+KNOWN = [command for command, _action in live.STEPS]
 CURL = "curl -s http://192.168.100.11:8000/v1/completions \\"
 
 
 def test_todays_readme_is_what_the_test_runs():
     assert qs.check_known(README, KNOWN) == KNOWN
-    assert {action for _, action in live.STEPS} <= {n[5:] for n in dir(live) if n.startswith("step_")}
+    assert {action for _command, action in live.STEPS} <= {n[5:] for n in dir(live) if n.startswith("step_")}
 
 
 @pytest.mark.parametrize(
