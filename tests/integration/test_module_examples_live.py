@@ -26,7 +26,9 @@ STAND-INS, only for what cannot exist here (each one is an argument the test set
 ``STAND_INS``): no Hugging Face Hub is reachable, so model_fetch's examples talk to
 lab/hub_standin.py (run inside the node, serving the tiny model under the examples' repository
 ids; the gated one needs the token) and the pinned revision is the stand-in's commit; there is
-no NVMe disk, so readahead_window's ``/dev/nvme0n1`` is the machine's real ``vda``.
+no NVMe disk, so readahead_window's ``/dev/nvme0n1`` is the machine's real ``vda``; no 128 GiB
+Spark, so uma_sysctl's explicit 3 GiB reserve (above 10% of the lab's 23.5 GiB, refused there)
+is 1 GiB.
 """
 
 from __future__ import annotations
