@@ -16,7 +16,14 @@
 #                      loads the engine image into each node; lab/runtime-container.yml).
 #                      Nodes of the other runtime are replaced. The default stays native: the
 #                      container runtime costs a 3.9 GB image, loaded into each node's Docker.
+#   lab/up.sh [--runtime R] --nodes-only
+#                      only start the nodes (and, for the container runtime, load the engine image
+#                      into them); no site.yml (tests/integration/test_quickstart_live.py runs the
+#                      README's own commands on them)
 #   UMA_LAB_PREFIX=x-  name the node containers x-ai1, x-ai2 (a second lab on the same machine)
+#   UMA_LAB_VOLUME_PREFIX=y-  the container runtime's Docker volumes y-uma-lab-ai1-docker, ...
+#                      (default: UMA_LAB_PREFIX): a second lab can reuse the first one's loaded
+#                      engine image, never while the first one's nodes run
 #   UMA_LAB_SETUP=0    skip tests/setup.sh (a machine that is set up)
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
@@ -36,6 +43,11 @@ if [ "${1:-}" = --runtime ]; then
   esac
   shift 2
 fi
+nodes_only=0
+if [ "${1:-}" = --nodes-only ]; then
+  nodes_only=1
+  shift
+fi
 extra=()
 if [ "$runtime" = container ]; then
   image="${UMA_LAB_NODE_DOCKER_IMAGE:-uma-lab/node-docker:bookworm}"
@@ -45,6 +57,7 @@ nodes=(ai1 ai2)
 # UMA_LAB_PREFIX: run the lab's node containers (and their volumes) as PREFIXai1, PREFIXai2, so a
 # second lab on the same machine does not take the first one's names.
 prefix="${UMA_LAB_PREFIX:-}"
+volume_prefix="${UMA_LAB_VOLUME_PREFIX-$prefix}"
 if [ -n "$prefix" ]; then
   # shellcheck disable=SC2016  # templated by Ansible per host
   extra+=(-e '{"ansible_host": "'"$prefix"'{{ inventory_hostname }}"}')
@@ -54,7 +67,7 @@ export ANSIBLE_CONFIG="$root/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$root/.cache
 log() { printf '[lab] %s\n' "$*" >&2; }
 
 case "${1:-}" in
-  --help|-h) sed -n '2,24p' "$0"; exit 0 ;;
+  --help|-h) sed -n '2,31p' "$0"; exit 0 ;;
   --down) ;;
   # UMA_LAB_SETUP=0: the machine is set up already (CI, shared checkouts): skip tests/setup.sh
   *) [ "${UMA_LAB_SETUP:-1}" = 0 ] || bash tests/setup.sh ;;
@@ -100,7 +113,7 @@ start_node() {
     # layers on a volume of this machine's disk: on the node's own overlay root overlay2 fails
     # and Docker falls back to vfs (a full image copy per container). The volume keeps the
     # loaded engine image across lab/up.sh --down.
-    opts=(--cap-add NET_ADMIN --security-opt seccomp=unconfined -v "${prefix}uma-lab-$node-docker:/var/lib/docker")
+    opts=(--cap-add NET_ADMIN --security-opt seccomp=unconfined -v "${volume_prefix}uma-lab-$node-docker:/var/lib/docker")
   fi
   docker run -d --name "$name" --hostname "$node" --label "uma.lab.runtime=$runtime" \
     --cap-add SYS_ADMIN --security-opt apparmor=unconfined --cgroupns host \
@@ -190,6 +203,10 @@ if [ "$runtime" = container ]; then
   load=()
   for node in "${nodes[@]}"; do load+=(--load "$prefix$node"); done
   bash lab/build-engine-image.sh "${load[@]}"
+fi
+if [ "$nodes_only" = 1 ]; then
+  log "nodes ${nodes[*]} up in ${SECONDS} s ($runtime runtime, --nodes-only: no site.yml)"
+  exit 0
 fi
 log "site.yml on ${nodes[*]} (the first run waits 2-4 min for the engines)"
 start=$SECONDS

@@ -134,12 +134,18 @@ EXAMPLES = r"""
     max_duration: 900
   become: true
 
+- name: The PID of the vLLM server loading the model (read-only, so it runs in check mode too)
+  ansible.builtin.command: pgrep -o -f "vllm serve"
+  register: loader
+  changed_when: false
+  check_mode: false
+
 - name: The published global fix, bounded by the loader's lifetime
   uma.vllm.drop_cache_loop:
     name: loader
     mode: global
     interval: 1
-    until_pid: "{{ loader.pid }}"
+    until_pid: "{{ loader.stdout }}"
   become: true
 
 - name: Stop it and keep its statistics
@@ -149,9 +155,10 @@ EXAMPLES = r"""
   become: true
   register: guard
 
-- name: Show what it did
+- name: Show what it did (no status when it never ran, as in check mode)
   ansible.builtin.debug:
     msg: "evicted {{ guard.status.evicted_bytes }} bytes, peak cache growth {{ guard.status.peak_growth_mib }} MiB"
+  when: guard.status is not none
 """
 
 RETURN = r"""

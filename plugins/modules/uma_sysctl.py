@@ -130,6 +130,7 @@ EXAMPLES = r"""
     apply: false
     extra:
       vm.swappiness: 10
+  become: true
 
 - name: Put the node back as it was
   uma.vllm.uma_sysctl:

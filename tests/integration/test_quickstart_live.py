@@ -1,0 +1,299 @@
+"""README.md's quick start, followed literally against two lab nodes (issue 21 item 8).
+
+Two systemd lab nodes with Docker inside (``lab/up.sh --runtime container --nodes-only``: the
+image uma-lab/node-docker:bookworm, the engine image uma-lab/vllm-cpu loaded into each node's
+Docker as lab/build-engine-image.sh --load does) stand in for the two DGX Sparks. The test takes
+every command of the README's quick start (tests/integration/_quickstart.py: the block between
+the ``quickstart:begin``/``quickstart:end`` markers) and runs them in the README's order, from a
+copy of this checkout, with HOME in a temporary directory (so ``~/sparks`` is a fresh copy of
+inventories/spark and the collection is installed from the tarball the README builds):
+
+1. ``ansible-galaxy collection build && ... install``, ``cp -r inventories/spark ~/sparks``: as written;
+2. the values table: ``LAB_INVENTORY`` below sets each value the README's table names (each one
+   checked to hold the published example's value first), the vault file is made from
+   ``vault.yml.example`` and ``ansible-vault encrypt``-ed with a password file;
+3. the check-mode run (nothing may exist on the nodes after it) and the run;
+4. ``systemctl status`` of the engine's unit on either node, the ``curl`` (an answer with a completion);
+5. the undo command (the unit is gone, the shared kernel's vm.* values are back).
+
+A command is changed only by ``LAB_VALUES`` (the README's placeholders and published addresses
+-> the lab's). A command in the README that ``STEPS`` does not know, or one it knows that the
+README lost, fails the test before anything runs (drift; tests/unit/test_quickstart_readme.py
+proves that check).
+
+STAND-INS for what cannot exist here: the nodes are containers reached with
+``community.docker.docker`` instead of SSH (``ansible_connection`` added to the inventory); no
+GPU, no NGC registry and no 80B model: the engine is the lab's vLLM CPU build (uma-lab/vllm-cpu,
+loaded, not pulled; lab/runtime-container.yml's settings) serving the tiny Llama from
+.cache/lab/models at /models/tiny-1g, tensor parallel 2 over the Docker bridge (eth0) instead of
+the ConnectX link.
+
+The engine image (3.9 GB) is loaded into each node's Docker, kept on a named volume:
+``UMA_QUICKSTART_VOLUME_PREFIX`` ('' by default: the lab's own uma-lab-ai{1,2}-docker volumes,
+which lab/up.sh --runtime container fills too) and ``UMA_QUICKSTART_PREFIX`` (node container
+names, default itest-qs-). The test refuses to start while another container uses those volumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from _quickstart import check_known
+from test_vllm_parser_oracle import ROOT
+
+PREFIX = os.environ.get("UMA_QUICKSTART_PREFIX", "itest-qs-")
+VOLUME_PREFIX = os.environ.get("UMA_QUICKSTART_VOLUME_PREFIX", "")
+HOSTS = ("ai1", "ai2")
+API_KEY = "quickstart-key-%d" % os.getpid()
+VAULT_PASSWORD = "quickstart-vault-password-%d" % os.getpid()
+NODE_IMAGE = "uma-lab/node-docker:bookworm"
+# The README's placeholders and published example values in its commands -> the lab's.
+LAB_VALUES = {
+    "<ssh user>": "root",
+    # no terminal in a test: the same vault password from a file (the vault example names both)
+    "--ask-vault-pass": "--vault-password-file ~/vault-pass",
+    "192.168.100.11": "{ai1_addr}",  # ai1's address on the cluster link (its uma_cluster_addr)
+    "<vault_vllm_api_key>": API_KEY,
+    "/models/Qwen3-Next-80B-A3B-Instruct": "/models/tiny-1g",
+}
+# The README's quick start, command by command, and what the test does with each (in this order).
+STEPS = [
+    ("ansible-galaxy collection build && ansible-galaxy collection install uma-vllm-0.1.0.tar.gz"
+     "   # from this checkout", "shell"),
+    ("cp -r inventories/spark ~/sparks", "shell"),
+    ("ansible-vault encrypt", "values_table"),
+    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass --check --diff", "check_run"),
+    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass", "shell"),
+    ("systemctl status uma-vllm@qwen3-next", "on_each_node"),
+    ('curl -s http://192.168.100.11:8000/v1/completions -H "Authorization: Bearer <vault_vllm_api_key>" '
+     "-H 'Content-Type: application/json' -d '{\"model\": \"/models/Qwen3-Next-80B-A3B-Instruct\", "
+     '"prompt": "The capital of France is", "max_tokens": 8}\'', "curl"),
+    ("ansible-playbook uma.vllm.restore -i ~/sparks -u <ssh user> --ask-vault-pass", "restore"),
+]  # fmt: skip
+KNOBS = ("min_free_kbytes", "vfs_cache_pressure", "dirty_ratio", "dirty_background_ratio", "swappiness")
+
+
+def _knobs():
+    return {name: open("/proc/sys/vm/" + name).read().strip() for name in KNOBS}
+
+
+def _docker(*args, check=True, timeout=120):
+    return subprocess.run(["docker", *args], check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def _addr(name):
+    return _docker("inspect", "-f", "{{.NetworkSettings.IPAddress}}", name).stdout.strip()
+
+
+def _lab_inventory(ctx):
+    """The README's values table, filled with the lab's values: (file, key path, published, lab)."""
+    runtime = yaml.safe_load((ROOT / "lab" / "runtime-container.yml").read_text())
+    plan = {"tensor_parallel_size": 2, "max_model_len": 512, "max_num_seqs": 4, "extra_args": ["--enforce-eager"]}
+    table = []
+    for index, host in enumerate(HOSTS):
+        table += [
+            ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_host"], "10.0.0.1%d" % (index + 1),
+             ctx["nodes"][host]),
+            # a stand-in: the lab reaches its nodes with docker exec, not SSH
+            ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_connection"], None,
+             "community.docker.docker"),
+            ("host_vars/%s.yml" % host, ["uma_cluster_addr"], "192.168.100.1%d" % (index + 1), ctx["addrs"][host]),
+            ("host_vars/%s.yml" % host, ["uma_net_interface"], "enp1s0f1np1", "eth0"),
+            # the README's override: the lab's nodes share this machine's RAM and kernel (inventories/lab)
+            ("host_vars/%s.yml" % host, ["uma_ram_gib"], None, 23),
+            ("host_vars/%s.yml" % host, ["uma_min_free_kbytes"], None, (262144, 196608)[index]),
+        ]  # fmt: skip
+    table += [
+        # ai2 shares ai1's kernel: only ai1 puts vm.* values in force (inventories/lab/host_vars/ai2.yml)
+        ("host_vars/ai2.yml", ["node_prep_sysctl_apply"], None, False),
+        ("group_vars/spark.yml", ["node_prep_require_unified_memory"], True, False),  # no GB10 here
+        ("group_vars/spark.yml", ["uma_reserve_gib"], None, 4),
+        ("group_vars/spark.yml", ["vllm_service_image"], "nvcr.io/nvidia/vllm:26.05-py3",
+         runtime["vllm_service_image"]),
+        ("group_vars/spark.yml", ["vllm_service_engines", 0, "model_path"], "/models/Qwen3-Next-80B-A3B-Instruct",
+         "/models/tiny-1g"),
+        ("group_vars/spark.yml", ["vllm_service_engines", 0, "plan"],
+         {"tensor_parallel_size": 2, "max_model_len": 65536, "max_num_seqs": 16}, plan),
+        ("group_vars/spark.yml", ["vllm_service_engines", 0, "env"], None,
+         {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}),
+        # the lab's nodes have no nft rights; the lab's slow CPU engine gets the lab's timeouts
+        ("group_vars/spark.yml", ["vllm_service_firewall"], None, False),
+        ("group_vars/spark.yml", ["vllm_service_health_timeout_s"], None, 900),
+        ("group_vars/spark.yml", ["vllm_service_peer_timeout_s"], None, 300),
+    ]  # fmt: skip
+    for key, value in runtime.items():
+        if key not in ("vllm_service_runtime", "vllm_service_image"):
+            table.append(("group_vars/spark.yml", [key], None, value))
+    return table
+
+
+def _set(doc, path, published, value, where):
+    for key in path[:-1]:
+        doc = doc[key]
+    have = doc.get(path[-1]) if isinstance(doc, dict) else doc[path[-1]]
+    # None: a value the published example leaves unset (the README's "only to override")
+    assert have == published, "%s %s is %r, the quick-start test expects %r" % (where, path, have, published)
+    doc[path[-1]] = value
+
+
+def _run(ctx, command, timeout=1800):
+    started = time.monotonic()
+    proc = subprocess.run(
+        ["bash", "-c", command], cwd=str(ctx["checkout"]), env=ctx["env"],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    ctx["timings"].append("%6.1f s  %s" % (time.monotonic() - started, command[:110]))
+    return proc
+
+
+def _must(proc, command):
+    output = proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0, "%s\n-> rc %d\n%s" % (command, proc.returncode, output)
+    return proc
+
+
+def _lab_command(ctx, command):
+    for old, new in LAB_VALUES.items():
+        command = command.replace(old, new.format(ai1_addr=ctx["addrs"]["ai1"]))
+    return command
+
+
+def step_shell(ctx, command):
+    command = _lab_command(ctx, command)
+    _must(_run(ctx, command), command)
+
+
+def step_values_table(ctx, command):
+    sparks = ctx["home"] / "sparks"
+    docs = {}
+    for name, path, published, value in _lab_inventory(ctx):
+        if name not in docs:
+            docs[name] = yaml.safe_load((sparks / name).read_text())
+        _set(docs[name], path, published, value, name)
+    for name, doc in docs.items():
+        (sparks / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    example = (sparks / "group_vars" / "all" / "vault.yml.example").read_text()
+    assert 'vault_vllm_api_key: ""' in example
+    (sparks / "group_vars" / "all" / "vault.yml").write_text(
+        example.replace('vault_vllm_api_key: ""', "vault_vllm_api_key: %s" % API_KEY)
+    )
+    full = command + " --vault-password-file ~/vault-pass ~/sparks/group_vars/all/vault.yml"
+    _must(_run(ctx, full), full)
+    assert (sparks / "group_vars" / "all" / "vault.yml").read_text().startswith("$ANSIBLE_VAULT;")
+
+
+def _installed(node):
+    return _docker("exec", node, "sh", "-c", "ls /etc/uma-vllm /etc/systemd/system/uma-vllm@.service", check=False)
+
+
+def step_check_run(ctx, command):
+    step_shell(ctx, command)
+    for node in ctx["nodes"].values():
+        probe = _installed(node)
+        assert probe.returncode != 0, "the check-mode run left files on %s: %s" % (node, probe.stdout)
+
+
+def step_on_each_node(ctx, command):
+    ctx["timings"].append("         %s --no-pager (docker exec on each node)" % command)
+    for node in ctx["nodes"].values():
+        proc = _docker("exec", node, *shlex.split(command), "--no-pager", check=False)
+        assert proc.returncode == 0 and "active (running)" in proc.stdout, (node, proc.stdout, proc.stderr)
+
+
+def step_curl(ctx, command):
+    command = _lab_command(ctx, command)
+    proc = _must(_run(ctx, command, timeout=120), command)
+    answer = json.loads(proc.stdout)
+    assert answer["choices"][0]["text"] and answer["usage"]["completion_tokens"] > 0, answer
+
+
+def step_restore(ctx, command):
+    step_shell(ctx, command)
+    for node in ctx["nodes"].values():
+        probe = _installed(node)
+        assert probe.returncode != 0, "the undo command left %s on %s" % (probe.stdout, node)
+    assert _knobs() == ctx["knobs"], "the undo command left the kernel's vm.* values changed"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    reason = None
+    if os.geteuid() != 0 or not shutil.which("docker"):
+        reason = "needs root and docker"
+    elif _docker("image", "inspect", "uma-lab/node:bookworm", check=False).returncode != 0:
+        reason = "needs the lab image (tests/setup.sh builds it)"
+    elif not (ROOT / ".cache" / "lab" / "vllm-venv" / "bin" / "vllm-serve-lab").exists():
+        reason = "needs the lab's vLLM venv (tests/setup.sh)"
+    if reason:
+        if os.environ.get("UMA_REQUIRE_TOOLS") == "1":
+            pytest.fail("UMA_REQUIRE_TOOLS=1 but the quick-start test %s" % reason)
+        pytest.skip(reason)
+    nodes = {host: PREFIX + host for host in HOSTS}
+    for host in HOSTS:
+        volume = "%suma-lab-%s-docker" % (VOLUME_PREFIX, host)
+        users = _docker("ps", "--filter", "volume=" + volume, "--format", "{{.Names}}").stdout.split()
+        others = [name for name in users if name not in nodes.values()]
+        assert not others, "volume %s is in use by %s: stop that lab first (lab/up.sh --down)" % (volume, others)
+        _docker("rm", "-f", nodes[host], check=False)
+    knobs = _knobs()
+    env = dict(os.environ, UMA_LAB_PREFIX=PREFIX, UMA_LAB_VOLUME_PREFIX=VOLUME_PREFIX, UMA_LAB_SETUP="0")
+    started = time.monotonic()
+    up = subprocess.run(
+        ["bash", str(ROOT / "lab" / "up.sh"), "--runtime", "container", "--nodes-only"],
+        env=env, capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+        home = tmp_path_factory.mktemp("quickstart")
+        checkout = home / "checkout"
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=str(ROOT), check=True, capture_output=True, text=True,
+        ).stdout.split("\0")  # fmt: skip
+        for name in filter(None, listed):
+            source = ROOT / name
+            if source.is_file():
+                (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(source, checkout / name)
+        fd = os.open(str(home / "vault-pass"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(VAULT_PASSWORD + "\n")
+        # what a user's shell has: the control node's tools, no checkout on the Python path
+        child = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
+        child.update(HOME=str(home), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+        ctx = {
+            "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs,
+            "addrs": {host: _addr(name) for host, name in nodes.items()},
+            "timings": ["%6.1f s  lab/up.sh --runtime container --nodes-only" % (time.monotonic() - started)],
+        }  # fmt: skip
+        yield ctx
+    finally:
+        for name in nodes.values():
+            _docker("rm", "-f", name, check=False)
+        for name, value in knobs.items():
+            if _knobs()[name] != value:
+                with open("/proc/sys/vm/" + name, "w") as handle:
+                    handle.write(value)
+
+
+def test_the_readme_quick_start_runs_as_written(lab):
+    readme = (ROOT / "README.md").read_text()
+    steps = check_known(readme, [command for command, _action in STEPS])
+    assert len(steps) == len(STEPS)
+    try:
+        for command, action in STEPS:
+            globals()["step_" + action](lab, command)
+    finally:
+        sys.stderr.write("\nquick start, step by step:\n" + "\n".join(lab["timings"]) + "\n")
+    # the runs used the collection the README installed from its tarball (a MANIFEST.json only an
+    # installed copy has) where the checkout's ansible.cfg puts it, the first collections_path
+    installed = lab["checkout"] / ".cache" / "collections" / "ansible_collections" / "uma" / "vllm"
+    assert (installed / "MANIFEST.json").is_file() and not installed.is_symlink()
