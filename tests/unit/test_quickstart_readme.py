@@ -42,7 +42,8 @@ def test_todays_readme_is_what_the_test_runs():
         ("4. Prove it serves", "4. Run `systemctl restart uma-vllm@qwen3-next`, then prove it serves",
          "systemctl restart"),
         # the undo command as it was before issue 21 (it cannot read the vault without a password)
-        ("-i ~/sparks -u <ssh user> --ask-vault-pass`\n", "-i ~/sparks`\n", "uma.vllm.restore -i ~/sparks\n"),
+        ("restore -i ~/sparks -u <ssh user> --ask-vault-pass`\n", "restore -i ~/sparks`\n",
+         "uma.vllm.restore -i ~/sparks\n"),
     ],
 )  # fmt: skip
 def test_a_changed_readme_fails_naming_the_command(old, new, named):
