@@ -114,8 +114,11 @@ def focus_run(runs: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 
 def launch_times(launch: Optional[Dict[str, Any]], focus: Optional[Dict[str, Any]]) -> LaunchTimes:
-    """The launch's times from its record; the journal's healthy line when the record has none."""
+    """The launch's times from its record; the journal's start and healthy lines when the record has none."""
     started = record_time(launch, "started_at")
+    if started is None and focus:
+        # no launch record (the unit runs the engine without the launcher): the run's own start line
+        started = next((e["t"] for e in focus["events"] if e["kind"] == "run_start" and e.get("t") is not None), None)
     healthy_at = record_time(launch, "healthy_at")
     failed_at = record_time(launch, "failed_at")
     if healthy_at is None and focus and focus.get("healthy_t") is not None:

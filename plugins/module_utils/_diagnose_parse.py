@@ -237,7 +237,8 @@ _J_PATTERNS: List[Tuple[str, re.Pattern[str]]] = [
         ),
     ),
     ("preempted_v0", re.compile(r"preempted by PreemptionMode\.\w+ mode because there is not enough KV cache space")),
-    ("run_start", re.compile(r"\[vllm-uma-launch [^\]]+\] launch t=")),
+    # The launcher's first line, or systemd starting the unit (the only start line of a unit run without it)
+    ("run_start", re.compile(r"\[vllm-uma-launch [^\]]+\] launch t=|systemd\[\d+\]: Started uma-vllm@")),
     (
         "healthy",
         re.compile(
@@ -364,6 +365,21 @@ def _join_wrapped(lines: List[str]) -> List[str]:
     return out
 
 
+def _new_run(events: List[Dict[str, Any]], kind: str, ended: bool) -> bool:
+    """Does a line of ``kind`` start a new run after ``events``?
+
+    After the run ended, any line that does not end it too; a start line after anything but start
+    lines (systemd's ``Started`` then the launcher's first line are one start); a second ``Main
+    process exited`` (a process exits once: a start whose own lines matched nothing, e.g. killed
+    while loading, must not be merged into the run before it).
+    """
+    if ended and kind not in _RUN_ENDERS:
+        return True
+    if kind == "run_start":
+        return any(e["kind"] != "run_start" for e in events)
+    return ended and kind == "exit" and any(e["kind"] == "exit" for e in events)
+
+
 def parse_journal(text: str) -> Dict[str, Any]:
     """Split the engine's journal into runs and pick out the lines that matter."""
     runs: List[Dict[str, Any]] = []
@@ -377,7 +393,7 @@ def parse_journal(text: str) -> Dict[str, Any]:
             m = pattern.search(line)
             if not m:
                 continue
-            if (ended and kind not in _RUN_ENDERS) or (kind == "run_start" and current["events"]):
+            if _new_run(current["events"], kind, ended):
                 runs.append(current)
                 current = {"events": [], "healthy_n": None}
                 ended = False
