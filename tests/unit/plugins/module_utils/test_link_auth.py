@@ -241,9 +241,8 @@ def test_more_handshakes_at_once_than_allowed_are_closed_and_named(tmp_path):
     said0 = Said()
     t0, r0 = start(config(0, port, keyfile, timeout=3.0), said0)
     assert wait(lambda: r0["link"].server is not None)
-    socks = [
-        socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(_ranks.RankLink.GREETINGS_AT_ONCE + 1)
-    ]
+    count = _ranks.RankLink.GREETINGS_AT_ONCE + 1
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _index in range(count)]
     try:
         assert wait(lambda: said0.has("handshakes already under way"))
     finally:
