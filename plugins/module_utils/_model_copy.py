@@ -40,7 +40,7 @@ from urllib.parse import quote, unquote, urlsplit
 from ansible_collections.uma.vllm.plugins.module_utils import _link_auth
 from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json
-from ansible_collections.uma.vllm.plugins.module_utils._config_checks import secret_key
+from ansible_collections.uma.vllm.plugins.module_utils._config_checks import number, secret_key
 
 PART_DIR = ".uma-copy"
 BLOCK = 4 << 20
@@ -339,9 +339,14 @@ def _copy_one(p: ReceivePlan, link: Link, name: str) -> None:
 def execute_receive(p: ReceivePlan) -> Dict[str, Any]:
     """Copy what is stale from rank 0, verify each file, write the manifest; tell rank 0 when done."""
     request = p.request
+    made = _missing_dirs(os.path.join(request.dest, PART_DIR))
     os.makedirs(os.path.join(request.dest, PART_DIR), mode=0o755, exist_ok=True)
-    link = Link(request)
     ok = False
+    try:
+        link = Link(request)
+    except UmaError:
+        _remove_empty(made)
+        raise
     try:
         for name in p.stale:
             _copy_one(p, link, name)
@@ -356,11 +361,29 @@ def execute_receive(p: ReceivePlan) -> Dict[str, Any]:
         ok = True
     finally:
         link.done(ok)
-    try:
-        os.rmdir(os.path.join(request.dest, PART_DIR))
-    except OSError:
-        pass
+        # a refusal leaves no directory it made; a partial file (a resume's start) keeps its directory
+        _remove_empty([os.path.join(request.dest, PART_DIR)] if ok else made)
     return manifest
+
+
+def _missing_dirs(path: str) -> List[str]:
+    """The directories ``os.makedirs(path)`` would create, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _remove_empty(dirs: List[str]) -> None:
+    for path in dirs:
+        try:
+            os.rmdir(path)  # only an empty directory goes
+        except OSError:
+            return
 
 
 def result_receive(p: ReceivePlan, done: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -551,10 +574,8 @@ def validate_serve(params: Dict[str, Any]) -> Serve:
             )
     numbers = {}
     for option, low, high in (("port", 1, 65535), ("peers", 1, 1024), ("idle_s", 1, 3600), ("timeout_s", 1, 86400)):
-        value = params.get(option)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-            raise _bad(option, value, "is not a number from %s to %s" % (low, high), "Give a number in that range.")
-        numbers[option] = value
+        numbers[option] = number(option, params.get(option), low, high, "Give a number from %s to %s." % (low, high),
+                                 integer=option in ("port", "peers"), strings=True)  # fmt: skip
     bind = params.get("bind")
     if not isinstance(bind, str) or not bind or bind in ("0.0.0.0", "::") or any(c.isspace() for c in bind):
         raise _bad("bind", bind, "is not one address", "Give rank 0's cluster address (uma_cluster_addr).")

@@ -94,11 +94,11 @@ options:
   port:
     description:
       - O(mode=serve) only. The TCP port to listen on.
-    type: int
+    type: raw
   peers:
     description:
       - O(mode=serve) only. How many receivers will say they are done.
-    type: int
+    type: raw
     default: 1
   idle_s:
     description:
@@ -229,8 +229,8 @@ def main() -> None:
             label=dict(type="str"),
             verify=dict(type="bool", default=False),
             bind=dict(type="str"),
-            port=dict(type="int"),
-            peers=dict(type="int", default=1),
+            port=dict(type="raw"),
+            peers=dict(type="raw", default=1),
             idle_s=dict(type="float", default=120),
             timeout_s=dict(type="float", default=3600),
         ),

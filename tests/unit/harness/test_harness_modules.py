@@ -33,6 +33,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
     engine_facts,
+    model_copy,
     model_fetch,
     node_facts,
     node_files,
@@ -50,7 +51,7 @@ from test_readahead_window import FakeSystemd
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
 from test_model_fetch import StandInHubClient, make_repo
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch
+from ansible_collections.uma.vllm.plugins.module_utils import _model_copy, _model_fetch
 
 EXAMPLES = int(os.environ.get("UMA_HARNESS_EXAMPLES", "1000"))
 PYTHON = "/usr/bin/python3"
@@ -810,6 +811,111 @@ class ModelFetch(Target):
         return None if manifest is None or '"commit"' in manifest else "damaged manifest written"
 
 
+class ModelCopy(Target):
+    """model_copy receive against a REAL copy server (the module's own CopyServer on 127.0.0.1, started once
+    for the target, serving a verified snapshot outside the case roots); serve mode only up to its validation
+    (a serving run blocks for idle_s, so its cases always carry one bad value)."""
+
+    name = "model_copy"
+    module = model_copy
+    paths = ("dest", "key_file")
+    faults = {
+        "dest/.uma-model-manifest.json": ["dest", ".uma-model-manifest.json"],
+        "dest/model-00001-of-00002.safetensors": ["dest", "model-00001-of-00002.safetensors"],
+        "dest/sub/tokenizer.json": ["dest", "tokenizer.json"],
+        "dest/.uma-copy": ["dest", ".uma-copy"],
+        "link.key": ["key_file"],
+    }
+    KEY = "cd" * 32
+    COMMIT = "c0ffee" * 6 + "abcd"
+    DATA = {
+        "model-00001-of-00002.safetensors": b"\1" * 5000,
+        "model-00002-of-00002.safetensors": b"\2" * 700,
+        "sub/tokenizer.json": b"{}",
+    }
+    server = None
+
+    def _start(self):
+        import hashlib
+        import threading
+
+        from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json
+
+        self.base = tempfile.mkdtemp(prefix="harness-rank0-")
+        snap = os.path.join(self.base, "snap")
+        self.files = {}
+        for name, blob in self.DATA.items():
+            _write(os.path.join(snap, name), blob)
+            self.files[name] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        manifest = {"repo_id": "lab/tiny", "revision": "main", "commit": self.COMMIT, "endpoint": "x",
+                    "files": self.files}  # fmt: skip
+        atomic_write_json(os.path.join(snap, _model_fetch.MANIFEST), manifest)
+        self.snap = snap
+        self.server = _model_copy.CopyServer(("127.0.0.1", 0), snap, self.files, self.KEY.encode(), len)
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
+
+    def finish(self):
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            shutil.rmtree(self.base, ignore_errors=True)
+            self.server = None
+
+    def build(self, root):
+        if self.server is None:
+            self._start()
+        key = os.path.join(root, "link.key")
+        _write(key, self.KEY + "\n")
+        os.chmod(key, 0o600)
+        dest = os.path.join(root, "dest")
+        shutil.copytree(self.snap, dest)  # this node already holds the copy (most cases: no connection)
+        return {
+            "mode": "receive", "dest": dest, "repo_id": "lab/tiny", "commit": self.COMMIT, "key_file": key,
+            "files": [dict(name=n, **v) for n, v in sorted(self.files.items())],
+            "source": "http://127.0.0.1:%d" % self.server.server_address[1], "label": "rank 0 on harness",
+            "timeout_s": 5,
+        }  # fmt: skip
+
+    def special(self, data, root, args):
+        case = data.draw(
+            st.sampled_from(["copy", "copy", "copy", "wrong key", "no server", "serve", "lying files"]), label="case"
+        )
+        os.unlink(os.path.join(args["dest"], "model-00002-of-00002.safetensors"))  # stale: a copy runs
+        if case == "copy":
+            return args, [], False
+        if case == "wrong key":
+            _write(args["key_file"], "ef" * 32 + "\n")
+            return args, ["key_file"], False
+        if case == "no server":
+            with __import__("socket").socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            return dict(args, source="http://127.0.0.1:%d" % port), ["source"], False
+        if case == "lying files":
+            files = [dict(f) for f in args["files"]]
+            files[1]["sha256"] = "0" * 64  # rank 0 sends other bytes than the list says
+            return dict(args, files=files), ["source"], False
+        bad = data.draw(st.sampled_from([("bind", "0.0.0.0"), ("port", 0), ("peers", 0), ("idle_s", 0.5),
+                                         ("timeout_s", 10**9), ("commit", "f" * 40), ("bind", "a b")]))  # fmt: skip
+        serve = dict(args, mode="serve", dest=self.snap if bad[0] != "commit" else args["dest"], bind="127.0.0.1",
+                     port=1, peers=1, idle_s=1)  # fmt: skip
+        serve.pop("files")
+        serve.pop("source")
+        serve[bad[0]] = bad[1]
+        return serve, ["dest" if bad[0] == "commit" else bad[0]], True
+
+    def post_check(self, args, result, root):
+        if self.KEY in json.dumps(result, default=str):
+            return "link key in the result"
+        dest = args.get("dest")
+        if args.get("mode") != "receive" or not (result.get("copy") or {}).get("done") or not isinstance(dest, str):
+            return None
+        for name, blob in self.DATA.items():
+            if h._read(os.path.join(dest, name)) != blob.decode():
+                return "%s not the copy rank 0 served" % name
+        return None
+
+
 REAL_FREE_BYTES = _model_fetch.free_bytes
 
 TARGETS = [
@@ -822,6 +928,7 @@ TARGETS = [
     NodeFiles(),
     EngineFacts(),
     ModelFetch(),
+    ModelCopy(),
 ]
 
 
@@ -902,5 +1009,8 @@ def test_bad_inputs(target):
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
-    case()
+    try:
+        case()
+    finally:
+        getattr(target, "finish", lambda: None)()
     h.report(target.name, minimum=EXAMPLES)
