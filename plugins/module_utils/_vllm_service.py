@@ -24,7 +24,7 @@ import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_base import (  # noqa: F401  # re-exported
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_base import (  # noqa: F401  # pylint: disable=unused-import
     CONTAINER_PREFIX,
     DEFAULT_MASTER_PORT,
     DEFAULT_RAY_PORT,
@@ -40,7 +40,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_base import
     EngineModelError,
     _err,
 )
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_container import (  # noqa: F401  # re-exported
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_container import (  # noqa: F401  # pylint: disable=unused-import
     _container_command,
     container_name,
     container_prefix,
