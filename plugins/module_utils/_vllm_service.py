@@ -9,7 +9,9 @@ multi-node mp ranks or a Ray cluster) with its systemd drop-in.
 Pure functions on plain data, run on the controller only. The role reaches them through the
 thin filters of plugins/filter/vllm_service.py; what the role finds on the node (fingerprints,
 restarts, unit states) is in _vllm_service_state.py, each engine's watchdog config in
-_vllm_service_watchdog.py. Tests: tests/unit/plugins/module_utils/test_vllm_service_model.py
+_vllm_service_watchdog.py, the container runtime's ``docker/podman run`` words in
+_vllm_service_container.py and the shared refusal type and constants in _vllm_service_base.py
+(both re-exported here). Tests: tests/unit/plugins/module_utils/test_vllm_service_model.py
 and tests/unit/plugins/filter/test_vllm_service.py.
 """
 
@@ -21,37 +23,31 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
-from ansible_collections.uma.vllm.plugins.module_utils._paths import ENGINE_NAME_PATTERN
 from ansible_collections.uma.vllm.plugins.module_utils._ranks import strip_flags
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_base import (  # noqa: F401  # pylint: disable=unused-import
+    CONTAINER_PREFIX,
+    DEFAULT_MASTER_PORT,
+    DEFAULT_RAY_PORT,
+    DEFAULT_SECRETS_DIR,
+    ENV_RE,
+    HF_CACHE_IN_CONTAINER,
+    LINK_PORT_OFFSET,
+    MULTINODE_BARE,
+    MULTINODE_WITH_VALUE,
+    NAME_RE,
+    SECRETS_IN_CONTAINER,
+    SOURCE_SECRETS,
+    EngineModelError,
+    _err,
+)
+from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_container import (  # noqa: F401  # pylint: disable=unused-import
+    _container_command,
+    container_name,
+    container_prefix,
+    container_secrets_file,
+    shell_env,
+)
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_files import link_key_dir_errors, link_key_file
-
-
-class EngineModelError(ValueError):
-    """A refusal of the engine model; its text names the option, the value and the fix.
-    The filter plugins turn it into AnsibleFilterError with the same text."""
-
-
-NAME_RE = re.compile(ENGINE_NAME_PATTERN)
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
-MULTINODE_BARE = ("--headless",)
-HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
-CONTAINER_PREFIX = "uma-vllm-"
-DEFAULT_MASTER_PORT = 29501
-DEFAULT_RAY_PORT = 6379
-# The launchers' rank link (plugins/module_utils/_ranks.py) listens on rank 0 at master_port + this.
-LINK_PORT_OFFSET = 10
-# Issue 19 item 6: a container engine's secrets are not `-e NAME` (docker/podman inspect shows
-# Config.Env): the container reads them from its 0600 file, bind-mounted read-only here, and a
-# /bin/sh entrypoint exports them before it execs the engine.
-SECRETS_IN_CONTAINER = "/run/uma-vllm/secrets.env"
-SOURCE_SECRETS = "set -a; . %s; set +a; " % SECRETS_IN_CONTAINER
-DEFAULT_SECRETS_DIR = "/etc/uma-vllm/engines"
-
-
-def _err(option: str, value: Any, problem: str, fix: str) -> str:
-    return "%s = %r %s. Fix: %s" % (option, value, problem, fix)
-
 
 # --------------------------------------------------------------------------
 # The role's scalar settings and the engine user
@@ -513,74 +509,6 @@ def cluster_env(
             env["RAY_NODE_IP_ADDRESS"] = str(node_addr)
             env["RAY_OVERRIDE_NODE_IP_ADDRESS"] = str(node_addr)
     return env
-
-
-def container_name(name: str) -> str:
-    return CONTAINER_PREFIX + name
-
-
-def container_secrets_file(settings: Dict[str, Any], name: str) -> str:
-    """The host path of a container engine's secrets (POSIX sh assignments, 0600 root)."""
-    return "%s/%s.container.env" % (settings.get("secrets_dir") or DEFAULT_SECRETS_DIR, name)
-
-
-def shell_env(secrets: Dict[str, Any]) -> str:
-    """The container's secrets file: ``NAME='value'`` lines that ``sh`` sources literally (no
-    expansion of ``$``, backquotes or backslashes in single quotes)."""
-    lines = []
-    for key in sorted(secrets):
-        if not ENV_RE.match(str(key)):
-            raise EngineModelError(
-                _err("secrets", key, "is not an environment variable name", "Use letters, digits and '_'.")
-            )
-        lines.append("%s=%s" % (key, shlex.quote(str(secrets[key]))))
-    return "".join(line + "\n" for line in lines)
-
-
-def container_prefix(
-    settings: Dict[str, Any],
-    name: str,
-    model_path: str,
-    env_names: List[str],
-    image: str,
-    entrypoint: Optional[str],
-    secrets_file: Optional[str] = None,
-) -> List[str]:
-    """``docker run`` / ``podman run`` up to and including the image. ``secrets_file``: the
-    host file mounted read-only at SECRETS_IN_CONTAINER (the entrypoint must source it)."""
-    kind = settings.get("container_engine") or "docker"
-    argv = [
-        settings.get("container_bin") or "/usr/bin/%s" % kind,
-        "run", "--rm", "--name", container_name(name),
-        "--network", "host", "--ipc", "host",
-    ]  # fmt: skip
-    gpus = settings.get("container_gpus")
-    if gpus:
-        argv += ["--gpus", str(gpus)] if kind == "docker" else ["--device", "nvidia.com/gpu=%s" % gpus]
-    argv += ["-v", "%s:%s:ro" % (model_path, model_path)]
-    if settings.get("hf_cache"):
-        argv += ["-v", "%s:%s" % (settings["hf_cache"], HF_CACHE_IN_CONTAINER)]
-    if secrets_file:
-        argv += ["-v", "%s:%s:ro" % (secrets_file, SECRETS_IN_CONTAINER)]
-    for key in sorted(env_names):
-        argv += ["-e", key]  # the value comes from the launcher's environment, never the command line
-    if settings.get("oom_score_adj") not in (None, ""):
-        # who dies first: the engine's processes (positive), never the watchdog or the guard
-        argv += ["--oom-score-adj", str(int(settings["oom_score_adj"]))]
-    argv += [str(word) for word in settings.get("container_options") or []]
-    if entrypoint:
-        argv += ["--entrypoint", entrypoint]
-    argv.append(image)
-    return argv
-
-
-def _container_command(settings: Dict[str, Any], engine: Dict[str, Any], image: str) -> List[str]:
-    if engine.get("command") is not None:
-        return list(engine["command"])
-    if settings.get("container_command") is not None:
-        return list(settings["container_command"])
-    # vllm/vllm-openai's entrypoint already is `vllm serve`; NGC's runs the given command
-    return [] if "vllm-openai" in image else ["vllm", "serve"]
 
 
 def ray_script(cluster: Dict[str, Any], settings: Dict[str, Any], head_addr: Optional[str]) -> str:
