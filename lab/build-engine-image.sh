@@ -118,14 +118,31 @@ fi
 
 # --- load the engine image into lab nodes' Docker engines -------------------------------------
 want_id=$(docker image inspect -f '{{.Id}}' "$engine_image")
+need=()
 for node in "${load_into[@]}"; do
   for _ in $(seq 1 30); do docker exec "$node" docker info >/dev/null 2>&1 && break; sleep 1; done
   have_id=$(docker exec "$node" docker image inspect -f '{{.Id}}' "$engine_image" 2>/dev/null || true)
   if [ "$have_id" = "$want_id" ]; then
     log "$node has $engine_image"
-    continue
+  else
+    need+=("$node")
   fi
-  SECONDS=0
-  docker save "$engine_image" | docker exec -i "$node" docker load -q >/dev/null
-  log "$node: loaded $engine_image in ${SECONDS} s"
 done
+# One `docker save` feeds every node that needs the image, all loading at once (measured on 2 cores
+# for two nodes: 148 s one after the other, each with its own save).
+if [ "${#need[@]}" -gt 0 ]; then
+  SECONDS=0
+  fifos=$(mktemp -d)
+  pids=()
+  for node in "${need[@]}"; do
+    mkfifo "$fifos/$node"
+    docker exec -i "$node" docker load -q <"$fifos/$node" >/dev/null &
+    pids+=($!)
+  done
+  docker save "$engine_image" | tee "${need[@]/#/$fifos/}" >/dev/null
+  failed=0
+  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+  rm -rf "$fifos"
+  [ "$failed" = 0 ] || { echo "build-engine-image.sh: docker load failed on ${need[*]}" >&2; exit 1; }
+  log "${need[*]}: loaded $engine_image in ${SECONDS} s"
+fi

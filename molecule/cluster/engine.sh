@@ -5,21 +5,74 @@
 #   engine.sh stop NODE       systemctl stop on NODE; then both ranks inactive (not failed) and no
 #                             vLLM process (vllm-serve-lab, VLLM::*) on either node, within 60 s
 #   engine.sh wrong-order     start rank 1, see it wait for rank 0, start rank 0; healthy within 180 s
-#   engine.sh kill-worker     SIGKILL VLLM::Worker_TP1 on cluster-ai2; time until rank 0's /health
-#                             stops answering (detected) and answers again (recovered)
+#   engine.sh kill-worker [R] SIGKILL VLLM::Worker_TP<R> (default 1) on rank R's node; time until
+#                             rank 0's /health stops answering (detected) and a completion answers
+#                             again (recovered)
+#   engine.sh kill-launcher R SIGKILL of rank R's launcher (the unit's main process); the same times,
+#                             then exactly one engine container per node (no orphan kept the name)
+#   engine.sh restart-docker R  systemctl restart docker on rank R's node under the running engine
+#
+# UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2) names the nodes and
+# UMA_CLUSTER_RUNTIME (default native) the runtime (molecule/cluster_container: container). `stop`
+# also wants no engine container left on either node. Each fault prints one parseable line:
+#   UMA-DRILL fault=NAME runtime=RUNTIME detected_s=S recovered_s=S
 set -euo pipefail
-nodes=(cluster-ai1 cluster-ai2)
+read -r -a nodes <<<"${UMA_CLUSTER_NODES:-cluster-ai1 cluster-ai2}"
+runtime=${UMA_CLUSTER_RUNTIME:-native}
+key=uma-lab-key-not-secret
 unit=uma-vllm@tp2.service
 health=http://127.0.0.1:8100/health
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc; }
-healthy() { docker exec cluster-ai1 curl -sf -o /dev/null -m 2 "$health"; }
+healthy() { docker exec "${nodes[0]}" curl -sf -o /dev/null -m 2 "$health"; }
+complete() {
+  docker exec "${nodes[0]}" curl -sf -m 30 -o /dev/null -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
+    -d '{"model": "/models/tiny-1g", "prompt": "hello", "max_tokens": 2}' http://127.0.0.1:8100/v1/completions
+}
+# the engine containers on NODE (0 on a node without Docker: the native runtime)
+containers() { docker exec "$1" sh -c 'if command -v docker >/dev/null; then docker ps -aq | wc -l; else echo 0; fi'; }
+# each rank's systemd invocation (a new one: the rank's unit started again)
+invocations() {
+  local node
+  for node in "${nodes[@]}"; do docker exec "$node" systemctl show -p InvocationID --value "$unit"; done
+}
+# time a fault: NAME CMD...: detected = rank 0's /health stops answering, recovered = /health and a
+# completion answer again, every rank started again (the whole engine restarted)
+fault() {
+  local name=$1 start detected recovered before
+  shift
+  healthy && complete
+  before=$(invocations)
+  start=$(now)
+  "$@"
+  for _ in $(seq 1 240); do
+    healthy || break
+    sleep 0.5
+  done
+  healthy && { echo "rank 0 still answers /health $(since "$start") s after the fault"; return 1; }
+  detected=$(since "$start")
+  echo "detected in $detected s"
+  for _ in $(seq 1 300); do
+    if healthy && complete; then
+      recovered=$(since "$start")
+      if [ -n "$(comm -12 <(sort <<<"$before") <(invocations | sort))" ]; then
+        echo "not every rank restarted: invocations $before -> $(invocations)"
+        return 1
+      fi
+      echo "healthy again (completion answered) in $recovered s"
+      echo "UMA-DRILL fault=$name runtime=$runtime detected_s=$detected recovered_s=$recovered"
+      return 0
+    fi
+    sleep 1
+  done
+  return 1
+}
 
 state() {
   local node
   for node in "${nodes[@]}"; do
-    printf '%s %s %s\n' "$node" "$(docker exec "$node" systemctl show -p ActiveState --value "$unit")" \
-      "$(docker exec "$node" pgrep -fc 'vllm-serve-lab|VLLM::' || true)"
+    printf '%s %s %s %s\n' "$node" "$(docker exec "$node" systemctl show -p ActiveState --value "$unit")" \
+      "$(docker exec "$node" pgrep -fc 'vllm-serve-lab|VLLM::' || true)" "$(containers "$node")"
   done
 }
 
@@ -29,9 +82,10 @@ case "${1:-}" in
     docker exec "$2" systemctl stop "$unit"
     for _ in $(seq 1 120); do
       now_state=$(state)
-      if [ "$(awk '$2 == "inactive" && $3 == 0' <<<"$now_state" | wc -l)" = 2 ]; then
+      if [ "$(awk '$2 == "inactive" && $3 == 0 && $4 == 0' <<<"$now_state" | wc -l)" = 2 ]; then
         echo "$now_state"
         echo "whole engine stopped in $(since "$start") s"
+        echo "UMA-DRILL fault=systemctl-stop-$2 runtime=$runtime detected_s=0 recovered_s=$(since "$start")"
         exit 0
       fi
       sleep 0.5
@@ -40,11 +94,11 @@ case "${1:-}" in
     exit 1
     ;;
   wrong-order)
-    docker exec cluster-ai2 systemctl start "$unit"
+    docker exec "${nodes[1]}" systemctl start "$unit"
     sleep 10
-    docker exec cluster-ai2 journalctl --no-pager -u "$unit" -n 40 | grep 'waiting for rank 0'
+    docker exec "${nodes[1]}" journalctl --no-pager -u "$unit" -n 40 | grep 'waiting for rank 0'
     start=$(now)
-    docker exec cluster-ai1 systemctl start "$unit"
+    docker exec "${nodes[0]}" systemctl start "$unit"
     for _ in $(seq 1 180); do
       healthy && { echo "healthy $(since "$start") s after rank 0 started"; exit 0; }
       sleep 1
@@ -52,20 +106,19 @@ case "${1:-}" in
     exit 1
     ;;
   kill-worker)
-    healthy
-    start=$(now)
-    docker exec cluster-ai2 pkill -KILL -f '^VLLM::Worker_TP1'
-    for _ in $(seq 1 240); do
-      healthy || break
-      sleep 0.5
+    rank=${2:-1}
+    fault "kill-worker-rank$rank" docker exec "${nodes[$rank]}" pkill -KILL -f "^VLLM::Worker_TP$rank"
+    ;;
+  kill-launcher)
+    main=$(docker exec "${nodes[$2]}" systemctl show -p MainPID --value "$unit")
+    fault "kill-launcher-rank$2" docker exec "${nodes[$2]}" kill -KILL "$main"
+    for node in "${nodes[@]}"; do
+      echo "$node: $(containers "$node") engine container(s)"
+      [ "$(containers "$node")" = 1 ]
     done
-    healthy && { echo "rank 0 still answers /health $(since "$start") s after the kill"; exit 1; }
-    echo "detected in $(since "$start") s"
-    for _ in $(seq 1 300); do
-      healthy && { echo "healthy again in $(since "$start") s"; exit 0; }
-      sleep 1
-    done
-    exit 1
+    ;;
+  restart-docker)
+    fault "restart-docker-rank$2" docker exec "${nodes[$2]}" systemctl restart docker.service
     ;;
   *)
     sed -n '2,10p' "$0" >&2

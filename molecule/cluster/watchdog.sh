@@ -17,9 +17,13 @@
 #   watchdog.sh floor-hog     a real memory hog (systemd-run MemoryMax, 1 GiB) on cluster-ai1 under
 #                             floors set just below MemAvailable: evicted while the hog lives, no OOM kill
 #   WD_FAULT_ONLY=1           (benchmarks) skip the checks, print only the times
+#   UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2), UMA_CLUSTER_RUNTIME
+#                             (default native): the nodes and the runtime (molecule/cluster_container)
+# The wedges also print one parseable line (detected: the watchdog's decision, from its events):
+#   UMA-DRILL fault=NAME runtime=RUNTIME detected_s=S recovered_s=S
 set -euo pipefail
-ai1=cluster-ai1
-ai2=cluster-ai2
+read -r ai1 ai2 <<<"${UMA_CLUSTER_NODES:-cluster-ai1 cluster-ai2}"
+runtime=${UMA_CLUSTER_RUNTIME:-native}
 unit=uma-vllm@tp2.service
 wd=uma-vllm-watchdog@tp2.service
 records=/var/lib/uma-vllm/watchdog/tp2
@@ -76,9 +80,12 @@ case "${1:-}" in
     healthy && echo "rank 0 /health still 200 after the SIGSTOP"
     wait_for 240 has_event "$ai1" "$t0" restart || { echo "no restart by the watchdog"; exit 1; }
     events "$ai1" "$t0" restart | head -1 | tee /dev/stderr | grep -q 'is stopped (state T)'
-    echo "detected (restart decided) $(events "$ai1" "$t0" restart | head -1 | decided "$t0") s after the SIGSTOP"
+    detected=$(events "$ai1" "$t0" restart | head -1 | decided "$t0")
+    echo "detected (restart decided) $detected s after the SIGSTOP"
     wait_healthy_completion 300 || { echo "not healthy again"; exit 1; }
-    echo "healthy again (completion answered) in $(since "$t0") s"
+    recovered=$(since "$t0")
+    echo "healthy again (completion answered) in $recovered s"
+    echo "UMA-DRILL fault=sigstop-rank0 runtime=$runtime detected_s=$detected recovered_s=$recovered"
     [ "$(docker exec "$ai1" ps -eo stat= | grep -c '^T' || true)" = 0 ]
     # the peer carried the epoch out (stop, start) on its own unit
     has_event "$ai2" "$t0" peer-stop && has_event "$ai2" "$t0" peer-start
@@ -97,7 +104,9 @@ case "${1:-}" in
     echo "rank 1 saw the stopped worker $(echo "$seen - $t0" | bc) s after the SIGSTOP; rank 0 decided the restart $(echo "$decided - $t0" | bc) s after it, $(echo "$decided - $seen" | bc) s after the first failed observation"
     [ "$(echo "$decided - $seen <= 15" | bc)" = 1 ] || { echo "not within 15 s of the first failed observation"; exit 1; }
     wait_healthy_completion 300 || { echo "not healthy again"; exit 1; }
-    echo "healthy again (completion answered) in $(since "$t0") s"
+    recovered=$(since "$t0")
+    echo "healthy again (completion answered) in $recovered s"
+    echo "UMA-DRILL fault=sigstop-rank1 runtime=$runtime detected_s=$(echo "$decided - $t0" | bc) recovered_s=$recovered"
     [ "$(docker exec "$ai2" ps -eo stat= | grep -c '^T' || true)" = 0 ]
     has_event "$ai2" "$t0" peer-stop && has_event "$ai2" "$t0" peer-start
     echo "rank 1 followed: peer-stop, peer-start"

@@ -671,13 +671,17 @@ def images(engines: List[Dict[str, Any]], settings: Dict[str, Any]) -> List[str]
 def drop_in(engine: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
     """What the per-engine systemd drop-in needs to say."""
     runtime = engine.get("runtime") or settings["runtime"]
-    out: Dict[str, Any] = {"role": role_text(engine), "runtime": runtime, "after": [], "requires": [], "cleanup": None}
+    out: Dict[str, Any] = {"role": role_text(engine), "runtime": runtime, "cleanup": None}
+    out.update(after=[], requires=[], wants=[])
     if runtime == "container":
         kind = settings.get("container_engine") or "docker"
         binary = settings.get("container_bin") or "/usr/bin/%s" % kind
         out["image"] = engine.get("image") or settings["image"]
         out["cleanup"] = "%s rm -f %s" % (binary, container_name(engine["name"]))
         if kind == "docker":
+            # Wants=, not Requires=: `systemctl restart docker` stops a unit that requires it, and a
+            # rank stopped by systemd is a deliberate stop for its peers (they stay down). Without
+            # it the container dies, the rank fails (69) and the whole engine restarts.
             out["after"] = ["docker.service"]
-            out["requires"] = ["docker.service"]
+            out["wants"] = ["docker.service"]
     return out
