@@ -117,6 +117,19 @@ seealso:
 """
 
 EXAMPLES = r"""
+# A two-node engine "tp": rank 0 on spark1 (cluster address 192.168.100.10) downloads the model once,
+# spark2 copies it from spark1 over the cluster link. The copy port is the engine's master_port + 12
+# (29501 + 12 = 29513). /etc/uma-vllm/engines/tp.link.key is the engine's 0600 link key on both nodes
+# (the uma.vllm.vllm_service role writes it). The uma.vllm.vllm_service role runs these steps for you.
+
+# In a play on spark1 (rank 0):
+- name: Download and verify the model once, on rank 0
+  uma.vllm.model_fetch:
+    repo_id: Qwen/Qwen3-0.6B
+    dest: /var/lib/uma-vllm/models/Qwen/Qwen3-0.6B
+  register: fetched
+  become: true
+
 - name: Serve rank 0's verified snapshot to one other rank (in the background)
   uma.vllm.model_copy:
     mode: serve
@@ -125,13 +138,14 @@ EXAMPLES = r"""
     commit: "{{ fetched.commit }}"
     key_file: /etc/uma-vllm/engines/tp.link.key
     bind: 192.168.100.10
-    port: 29512
+    port: 29513
     peers: 1
   async: 3700
   poll: 0
-  register: server
+  register: copy_server
   become: true
 
+# In the next play, on spark2 (the other rank): what to copy comes from rank 0's result, not the network
 - name: Copy it on the other rank and verify it
   uma.vllm.model_copy:
     mode: receive
@@ -139,8 +153,18 @@ EXAMPLES = r"""
     repo_id: Qwen/Qwen3-0.6B
     commit: "{{ hostvars['spark1'].fetched.commit }}"
     files: "{{ hostvars['spark1'].fetched.files }}"
-    source: http://192.168.100.10:29512
+    source: http://192.168.100.10:29513
     key_file: /etc/uma-vllm/engines/tp.link.key
+  become: true
+
+# In a last play, on spark1: the server stops once the other rank said it is done
+- name: Wait until rank 0's copy server has stopped
+  ansible.builtin.async_status:
+    jid: "{{ copy_server.ansible_job_id }}"
+  register: copy_served
+  until: copy_served.finished
+  retries: 60
+  delay: 5
   become: true
 """
 

@@ -18,6 +18,8 @@ What the examples need on the node is made here, as FIXTURES (the examples are n
 - ``/root/.hf_token`` (0600) and, for model_fetch, ``/opt/vllm`` (the lab's vLLM venv: the node's
   ``huggingface_hub``) as the module's interpreter;
 - ``/srv/support/case-42``: an exported journal (``qwen.log``), a kernel log and a state dir;
+- for model_copy, rank 0's verified snapshot in the examples' dest, made by running model_fetch for
+  real against the Hub stand-in, and the engine's 0600 link key at the examples' ``key_file``;
 - on the control node, ``files/qwen3-32b/config.json`` beside the playbook (what vllm_flags'
   example reads with the file lookup): Qwen3-32B's published shape;
 - the variables the examples take from the inventory: ``VARS`` below.
@@ -28,7 +30,16 @@ lab/hub_standin.py (run inside the node, serving the tiny model under the exampl
 ids; the gated one needs the token) and the pinned revision is the stand-in's commit; there is
 no NVMe disk, so readahead_window's ``/dev/nvme0n1`` is the machine's real ``vda``; no 128 GiB
 Spark, so uma_sysctl's explicit 3 GiB reserve (above 10% of the lab's 23.5 GiB, refused there)
-is 1 GiB.
+is 1 GiB; there is one node, not a two-node engine, so model_copy's rank 0 address is 127.0.0.1,
+the receiving rank takes rank 0's ``fetched`` from this node (not ``hostvars['spark1']``) and copies
+into its own directory (``COPY_RANK1_DEST``, so that it has something to copy).
+
+model_copy's server runs with ``async``/``poll: 0`` as users run it: ansible-core 2.19 does not
+refuse async in check mode; its async_wrapper starts the module in the background with the check
+flag, the module returns at once (binding nothing) and its result is in the node's async job file
+(``~/.ansible_async/JID``, Ansible's own bookkeeping like ``~/.ansible``). The example's own
+``async_status`` task reads it, and the test reads every started job's file too: a background
+failure or change fails the test.
 """
 
 from __future__ import annotations
@@ -81,10 +92,52 @@ STAND_INS = {
 }
 # model_fetch: every example talks to the Hub stand-in (endpoint) with the node's huggingface_hub.
 HUB_MODULES = {"model_fetch"}
+# model_copy: rank 0's snapshot (the fixture fetches it for real), the engine's link key, the other rank's dir.
+COPY_REPO = "Qwen/Qwen3-0.6B"
+COPY_DEST = "/var/lib/uma-vllm/models/Qwen/Qwen3-0.6B"
+COPY_KEY = "/etc/uma-vllm/engines/tp.link.key"
+COPY_RANK1_DEST = "/srv/rank1/models/Qwen/Qwen3-0.6B"
+COPY_RECEIVE = "Copy it on the other rank and verify it"
+STAND_INS.update({
+    ("model_copy", "Serve rank 0's verified snapshot to one other rank (in the background)"): {
+        "bind": "127.0.0.1"  # rank 0's cluster address: the test's node has none
+    },
+    ("model_copy", COPY_RECEIVE): {
+        "source": "http://127.0.0.1:29513",  # rank 0's address (check mode must not connect: nothing listens there)
+        "commit": "{{ fetched.commit }}",  # rank 0 is this node: hostvars['spark1'] is not in this inventory
+        "files": "{{ fetched.files }}",
+        "dest": COPY_RANK1_DEST,  # the other rank's disk: empty, so it has everything to copy
+    },
+})  # fmt: skip
 
 
 def _docker(*args, check=True, timeout=120):
     return subprocess.run(["docker", *args], check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def _inventory(path):
+    host = {
+        "ansible_host": NODE,
+        "ansible_connection": "community.docker.docker",
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    path.write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
+    return str(path)
+
+
+def _copy_fixtures(tmp):
+    """model_copy's rank 0: a real verified snapshot (model_fetch, for real, from the Hub stand-in) and the link key."""
+    args = {"repo_id": COPY_REPO, "dest": COPY_DEST, "endpoint": "http://127.0.0.1:%d" % HUB_PORT}
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
+    proc = subprocess.run(
+        ["ansible", "node", "-i", _inventory(tmp / "fixture-hosts.yml"), "-m", "uma.vllm.model_fetch",
+         "-a", json.dumps(args), "-e", "ansible_python_interpreter=/opt/vllm/bin/python"],
+        check=False, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, "model_fetch could not make rank 0's snapshot:\n" + proc.stdout[-3000:]
+    # the engine's link key as the vllm_service role writes it: 64 hex digits in a root-owned 0600 file
+    key = "mkdir -p -m 0755 %s && umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >%s"
+    _docker("exec", NODE, "bash", "-c", key % (os.path.dirname(COPY_KEY), COPY_KEY))
 
 
 def module_examples():
@@ -118,7 +171,7 @@ def test_every_module_has_examples_with_names():
 
 def test_examples_that_write_to_the_node_ask_for_become():
     """An example of a module that writes as root says ``become: true`` (users copy them as they are)."""
-    writers = {"drop_cache_loop", "model_fetch", "node_files", "readahead_window", "uma_sysctl"}
+    writers = {"drop_cache_loop", "model_copy", "model_fetch", "node_files", "readahead_window", "uma_sysctl"}
     missing = [
         (module, task["name"])
         for module, tasks in module_examples()
@@ -136,26 +189,27 @@ def _playbook(hub_commit):
             task = dict(example)
             name = task["name"]
             key = "uma.vllm.%s" % module
+            # the example's own module, or another one it needs first (model_copy's model_fetch)
+            key = next((k for k in task if k.startswith("uma.vllm.")), key)
             if key in task:
                 args = dict(task[key] or {})
                 args.update(STAND_INS.get((module, name), {}))
-                if module in HUB_MODULES:
+                if key.split(".")[-1] in HUB_MODULES:
                     args["endpoint"] = "http://127.0.0.1:%d" % HUB_PORT
                     if "revision" in args:
                         args["revision"] = hub_commit  # the stand-in serves main and its own commit
+                    task["vars"] = {"ansible_python_interpreter": "/opt/vllm/bin/python"}
                 task[key] = args
             task["name"] = "%s | %s" % (module, name)
             body.append(task)
-        play = {"name": module, "hosts": "node", "gather_facts": False, "ignore_errors": True, "tasks": body}
-        if module in HUB_MODULES:
-            play["vars"] = {"ansible_python_interpreter": "/opt/vllm/bin/python"}
-        plays.append(play)
+        plays.append({"name": module, "hosts": "node", "gather_facts": False, "ignore_errors": True, "tasks": body})
     return plays
 
 
 SNAPSHOT = r"""
 import glob, os, subprocess
-skip = ("/root/.ansible", "/var/lib/systemd/", "/var/log", "/var/cache", "/var/lib/apt")
+# Ansible's own bookkeeping (~/.ansible, async jobs in ~/.ansible_async) and the system's
+skip = ("/root/.ansible", "/root/.ansible_async", "/var/lib/systemd/", "/var/log", "/var/cache", "/var/lib/apt")
 out = []
 for top in ("/etc", "/usr", "/var/lib", "/opt", "/srv", "/root", "/models", "/run/uma-vllm",
             "/run/systemd/transient", "/run/systemd/system", "/run/udev"):
@@ -165,6 +219,8 @@ for top in ("/etc", "/usr", "/var/lib", "/opt", "/srv", "/root", "/models", "/ru
             continue
         for name in sorted(files + dirs):
             path = os.path.join(base, name)
+            if path.startswith(skip):
+                continue
             try:
                 st = os.lstat(path)
             except OSError:
@@ -251,9 +307,40 @@ printf '2026-07-01T09:59:00+0000 node kernel: Linux version 6.1.0\\n' >/srv/supp
             if _docker("exec", NODE, "bash", "-c", probe, check=False).returncode == 0:
                 break
             time.sleep(0.5)
+        _copy_fixtures(tmp_path_factory.mktemp("fixtures"))
         yield NODE
     finally:
         _docker("rm", "-f", NODE, check=False)
+
+
+def _background_failure(name, jid):
+    """An async example (poll: 0) in check mode: its module ran in the background; its job file says how it went."""
+    for _attempt in range(60):
+        job = _docker("exec", NODE, "cat", "/root/.ansible_async/%s" % jid, check=False).stdout
+        try:
+            data = json.loads(job)
+        except ValueError:
+            data = {}  # not yet written (or being written)
+        if data and not (data.get("started") and not data.get("finished")):
+            break
+        time.sleep(0.5)
+    else:
+        return ["%s: its background job %s did not finish: %r" % (name, jid, job[-500:])]
+    if data.get("failed") or data.get("changed"):
+        return ["%s (in the background): %s" % (name, data.get("msg", data))]
+    return []
+
+
+def _copy_checked(results):
+    """model_copy in check mode: the server served nothing; the other rank would copy all of rank 0's files."""
+    fetched = results["model_copy | Download and verify the model once, on rank 0"]
+    assert fetched["changed"] is False and all(f["sha256"] for f in fetched["files"]), fetched  # the fixture's
+    served = results["model_copy | Wait until rank 0's copy server has stopped"]
+    assert served["finished"] and served["served"] == {}, served
+    copy = results["model_copy | %s" % COPY_RECEIVE]
+    assert copy["changed"] is True and copy["copy"]["done"] is False, copy
+    assert sorted(copy["copy"]["files"]) == sorted(f["name"] for f in fetched["files"]), copy
+    assert copy["copy"]["bytes"] == sum(f["size"] for f in fetched["files"]), copy
 
 
 def test_every_example_runs_in_check_mode_and_changes_nothing(node, tmp_path):
@@ -262,16 +349,10 @@ def test_every_example_runs_in_check_mode_and_changes_nothing(node, tmp_path):
     (tmp_path / "files" / "qwen3-32b" / "config.json").write_text(json.dumps(QWEN3_32B))
     (tmp_path / "examples.yml").write_text(yaml.safe_dump(_playbook(commit), sort_keys=False))
     (tmp_path / "vars.json").write_text(json.dumps(VARS))
-    host = {
-        "ansible_host": node,
-        "ansible_connection": "community.docker.docker",
-        "ansible_python_interpreter": "/usr/bin/python3",
-    }
-    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {"node": host}}}))
     before = _snapshot()
     env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="ansible.posix.json", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     proc = subprocess.run(
-        ["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "examples.yml"),
+        ["ansible-playbook", "-i", _inventory(tmp_path / "hosts.yml"), str(tmp_path / "examples.yml"),
          "-e", "@%s" % (tmp_path / "vars.json"), "--check", "--diff"],
         check=False, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -281,14 +362,18 @@ def test_every_example_runs_in_check_mode_and_changes_nothing(node, tmp_path):
     except ValueError:
         tail = proc.stdout[-3000:] + proc.stderr[-3000:]
         pytest.fail("ansible-playbook printed no JSON report (rc %d):\n%s" % (proc.returncode, tail))
-    failed, ran = [], set()
+    failed, ran, results = [], set(), {}
     for play in report["plays"]:
         for task in play["tasks"]:
             result = task["hosts"].get("node", {})
             ran.add(task["task"]["name"])
+            results[task["task"]["name"]] = result
             if result.get("failed") or result.get("unreachable"):
                 failed.append("%s: %s" % (task["task"]["name"], result.get("msg", result)))
+            elif result.get("ansible_job_id") and result.get("started") and "finished" in result:
+                failed += _background_failure(task["task"]["name"], result["ansible_job_id"])
     assert not failed, "EXAMPLES that fail in check mode (module | task):\n" + "\n".join(failed)
+    _copy_checked(results)
     expected = {"%s | %s" % (module, task["name"]) for module, tasks in module_examples() for task in tasks}
     assert expected <= ran, "example tasks that never ran: %s" % sorted(expected - ran)
     changed = sorted(set(before) ^ set(after))
