@@ -66,4 +66,11 @@ if [ "$want_vllm" = 1 ]; then
   install -m 0644 lab/uma_lab_amx.py "$site/uma_lab_amx.py"
   echo "import uma_lab_amx" >"$site/uma_lab_amx.pth"
 fi
+# The lab's tiny Llama (real safetensors, 4 shards, 1 GiB), mounted at /models/tiny-1g by the lab,
+# the Molecule scenarios and the integration tests (the same command as lab/up.sh and the
+# scenarios' prepare, which keep making it when it is missing).
+if [ ! -f .cache/lab/models/tiny-1g/config.json ]; then
+  log "the tiny Llama model (.cache/lab/models/tiny-1g)"
+  .venv/bin/python lab/make_model.py --out .cache/lab/models/tiny-1g --shards 4 --pad-gib 1 >/dev/null
+fi
 log "done in ${SECONDS}s"
