@@ -135,29 +135,62 @@ def test_real_metrics_and_completion(engine, monkeypatch):
 
 
 def test_real_generation_load_is_busy_not_wedged(engine, tmp_path, monkeypatch):
+    """A steady generation load, kept up for as many ticks as the test needs (not for a fixed time).
+
+    The load runs until the watchdog has ticked ``TICKS`` times while the engine's own gauges
+    said requests were running, so a slow machine (CI: 2 cores shared with the engine) cannot end
+    the load before the watchdog has looked at it; a load request that fails fails the test with
+    its error instead of silently ending the load.
+    """
     dog, units = make_dog(engine, tmp_path, monkeypatch)
+    cfg = logic.validate({"engine": "main", "base_url": engine["url"], "probe_timeout_s": 30.0})
     body = json.dumps({"model": "tiny", "prompt": "a b c", "max_tokens": 400, "ignore_eos": True}).encode()
+    stop = threading.Event()
+    errors = []
 
     def load():
         request = urllib.request.Request(
             engine["url"] + "/v1/completions", data=body, headers={
                 "Content-Type": "application/json", "Authorization": "Bearer " + API_KEY}
         )  # fmt: skip
-        end = time.monotonic() + 30  # a steady stream of requests for 30 s
-        while time.monotonic() < end:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                response.read()
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(request, timeout=300) as response:
+                    response.read()
+            except Exception as err:  # the test fails with it below
+                errors.append("%s: %s" % (type(err).__name__, err))
+                return
 
     threads = [threading.Thread(target=load, daemon=True) for _unused in range(3)]
     for t in threads:
         t.start()
-    verdicts = []
-    while any(t.is_alive() for t in threads):
-        actions = dog.tick()
-        assert [a for a in actions if a["do"] in ("restart", "stop")] == [], actions
-        verdicts.append(dog.state["last_verdict"]["kind"])
-        time.sleep(1.0)
-    print("\nreal load: %d ticks, verdicts %s" % (len(verdicts), {k: verdicts.count(k) for k in set(verdicts)}))
+    verdicts, loaded, durations = [], 0, []
+    deadline = time.monotonic() + 600
+    try:
+        # the engine's own gauge first: the load is really running before the watchdog looks
+        while not errors and time.monotonic() < deadline:
+            metrics = probes.read_metrics(cfg)
+            if metrics is not None and metrics["running"] > 0:
+                break
+            time.sleep(0.5)
+        while not errors and loaded < 8 and time.monotonic() < deadline:
+            started = time.monotonic()
+            actions = dog.tick()
+            durations.append(time.monotonic() - started)
+            assert [a for a in actions if a["do"] in ("restart", "stop")] == [], actions
+            verdicts.append(dog.state["last_verdict"]["kind"])
+            metrics = probes.read_metrics(cfg)
+            loaded += int(metrics is not None and metrics["running"] > 0)
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=330)
+    print("\nreal load: %d ticks (%d with requests running), verdicts %s, tick %.2f-%.2f s" % (
+        len(verdicts), loaded, {k: verdicts.count(k) for k in set(verdicts)}, min(durations or [0]),
+        max(durations or [0])))  # fmt: skip
+    assert errors == [], errors
+    assert loaded >= 8, "the load was not running for 8 ticks within 600 s"
     assert "busy" in verdicts
     assert dog.state["counts"]["wedges"] == 0 and "stop" not in units.calls
 
