@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Cold launches of the UMA loader on the VM lab node (issue 20 item 4; a SHORT TRIAL so far).
+"""Cold launches of the UMA loader on the VM lab node (issue 20 item 4).
 
 Each launch runs lab/vm/uma_loader.py (a stand-in for vLLM on a GB10 rank) in the VM guest
 against fakegb10 (a stand-in for the GB10 driver) after ``echo 3 > drop_caches``, and
@@ -15,6 +15,15 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
      scaled to the guest's MemTotal, vfs_cache_pressure 200, dirty_ratio 5,
      dirty_background_ratio 2, read_ahead_kb 8 on the model disk, and
      ``echo 3 > drop_caches`` every 0.1 s from the launch until healthy (or failed)
+  r  the collection's reserve alone: node_prep's vm.min_free_kbytes rule (uma-3pct-v1) for a
+     121 GiB Spark, scaled to the guest's MemTotal like b's (the rule applied to the guest's
+     own 2.9 GiB would hit its 256 MiB floor, which does not scale)
+  g  the collection's guard alone: uma_guard.py with the launcher's defaults (adaptive,
+     0.1 s, 16 MiB threshold, --paths the model), started before the loader as the launcher
+     starts it (the load waits for the guard's first status), stopped at /health 200
+  k  the collection's node-side defaults together, BY HAND (not through site.yml): r's
+     reserve, node_prep's vfs_cache_pressure 200, dirty_ratio 5, dirty_background_ratio 2,
+     and g's guard (the launcher's readahead window is off by default, so none)
 
   UMA_VM_LOCK=/work/heavy.lock lab/vm.sh up && lab/vm.sh module
   python3 benchmarks/uma_vm.py --launches 3
@@ -47,6 +56,11 @@ KNOBS = {
     "dirty_background_ratio": "/proc/sys/vm/dirty_background_ratio",
     "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
 }
+CONFIGS = ("a", "b", "r", "g", "k")
+GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
+               "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
+SPARK_RAM = 121 * 1024**3
+GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s")
 VMSTAT = ("allocstall_normal", "allocstall_movable", "allocstall_dma32", "compact_stall", "compact_fail", "oom_kill")
 KERNEL_WORDS = ("NVRM", "fakegb10", "oom-killer", "Out of memory", "Killed process")
 
@@ -99,10 +113,15 @@ def last_stamp():
     return float(lines[-1][1 : lines[-1].index("]")]) if lines else -1.0
 
 
-def knobs_for(config, defaults):
-    if config == "a":
-        return dict(defaults)
+def knobs_for(config, defaults, reserve_spark_kb=0):
     memtotal_kb = meminfo("MemTotal") // 1024
+    scaled = reserve_spark_kb * memtotal_kb // (SPARK_RAM // 1024)
+    if config in ("a", "g"):
+        return dict(defaults)
+    if config == "r":
+        return dict(defaults, min_free_kbytes=scaled)
+    if config == "k":
+        return dict(defaults, min_free_kbytes=scaled, vfs_cache_pressure=200, dirty_ratio=5, dirty_background_ratio=2)
     return {
         "min_free_kbytes": memtotal_kb * 4 // 121,
         "vfs_cache_pressure": 200,
@@ -114,7 +133,7 @@ def knobs_for(config, defaults):
 
 def guest_launch(args):
     defaults = json.loads(args.defaults)
-    knobs = knobs_for(args.guest, defaults)
+    knobs = knobs_for(args.guest, defaults, args.reserve_spark_kb)
     for name, value in knobs.items():
         write(KNOBS[name], value)
     subprocess.run(["sync"], check=False)
@@ -132,6 +151,16 @@ def guest_launch(args):
             write("/proc/sys/vm/drop_caches", 3)
 
     t0 = time.monotonic()
+    guard, guard_status = None, "/root/guard-%s-%d.json" % (args.guest, args.index)
+    if args.guest in ("g", "k"):
+        if os.path.exists(guard_status):
+            os.unlink(guard_status)
+        guard = subprocess.Popen([
+            sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--mode", "adaptive", "--interval", "0.1",
+            "--threshold-mib", "16", "--max-duration", "1800", "--until-url", url + "/health",
+            "--status-file", guard_status, "--paths", "/srv/model"], stdin=subprocess.DEVNULL)  # fmt: skip
+        while not os.path.exists(guard_status) and guard.poll() is None:  # as the launcher: the guard watches first
+            time.sleep(0.05)
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     if args.guest == "b":
@@ -158,6 +187,17 @@ def guest_launch(args):
     if proc.poll() is None:
         proc.terminate()
     rc = proc.wait(timeout=60)
+    guard_summary = None
+    if guard is not None:
+        if guard.poll() is None:
+            guard.terminate()
+        guard.wait(timeout=60)
+        try:
+            with open(guard_status, encoding="utf-8") as fh:
+                st = json.load(fh)
+            guard_summary = {k: st.get(k) for k in GUARD_KEYS}
+        except (OSError, ValueError) as err:
+            guard_summary = {"error": str(err)}
     after = vmstat()
     with open(log_path, encoding="utf-8") as fh:
         text = fh.read()
@@ -171,7 +211,7 @@ def guest_launch(args):
         "config": args.guest, "index": args.index, "healthy": healthy_s is not None, "completion": completion,
         "healthy_s": round(healthy_s, 1) if healthy_s is not None else None, "exit": rc,
         "cached_peak_mib": cached_peak >> 20, "facts": facts, "errors": errors, "kernel": kernel[:12],
-        "vmstat": {k: after.get(k, 0) - before.get(k, 0) for k in VMSTAT}, "knobs": knobs,
+        "vmstat": {k: after.get(k, 0) - before.get(k, 0) for k in VMSTAT}, "knobs": knobs, "guard": guard_summary,
     }))  # fmt: skip
     return 0
 
@@ -198,6 +238,10 @@ def setup(args):
                      (os.path.abspath(__file__), "/root/uma_vm.py"), (ko, "/root/fakegb10.ko")):  # fmt: skip
         with open(src, "rb") as fh:
             ssh("cat > %s" % dst, stdin=fh.read())
+    ssh("mkdir -p /root/guard")
+    for name in GUARD_FILES:
+        with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
+            ssh("cat > /root/guard/%s" % name, stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
     return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %s.items()}))'"
                           % json.dumps(KNOBS)))  # fmt: skip
@@ -216,9 +260,18 @@ def row(r):
     )  # fmt: skip
 
 
+def reserve_spark_kb():
+    """node_prep's vm.min_free_kbytes for a 121 GiB Spark (the collection's own rule, imported)."""
+    sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
+    import _sysctl  # host side only: the guest has no collection
+
+    return _sysctl.size_min_free_kbytes(SPARK_RAM)["min_free_kbytes"]
+
+
 def host(args):
     defaults = setup(args)
-    print("guest defaults: %s" % defaults, flush=True)
+    reserve = reserve_spark_kb()
+    print("guest defaults: %s; node_prep's reserve for a 121 GiB Spark: %d kB" % (defaults, reserve), flush=True)
     results = []
     try:
         for i in range(args.launches):
@@ -228,8 +281,8 @@ def host(args):
                     i + 1,
                     json.dumps(defaults),
                 )
-                cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d" % (
-                    args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout)  # fmt: skip
+                cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d --reserve-spark-kb %d" % (
+                    args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
                 results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
                 print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
     finally:
@@ -254,7 +307,7 @@ def host(args):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--launches", type=int, default=3, help="launches per configuration (3: a trial)")
-    p.add_argument("--configs", default="a,b", help="configurations, interleaved (a,b)")
+    p.add_argument("--configs", default="a,b", help="configurations, interleaved (a,b; of %s)" % ",".join(CONFIGS))
     p.add_argument("--tp", type=int, default=2, help="--tensor-parallel-size of the rank (2)")
     p.add_argument("--rank", type=int, default=0, help="--rank (0)")
     p.add_argument("--gmu", default="0.8", help="--gpu-memory-utilization (0.8)")
@@ -262,13 +315,15 @@ def main(argv=None):
     p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
-    p.add_argument("--guest", choices=("a", "b"), help=argparse.SUPPRESS)
+    p.add_argument("--guest", choices=CONFIGS, help=argparse.SUPPRESS)
+    p.add_argument("--reserve-spark-kb", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--defaults", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8000, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.launches < 1 or not set(args.configs.split(",")) <= {"a", "b"}:
-        p.error("--launches must be >= 1 and --configs a list of a and b; got %r, %r" % (args.launches, args.configs))
+    if args.launches < 1 or not set(args.configs.split(",")) <= set(CONFIGS):
+        p.error("--launches must be >= 1 and --configs a list of %s; got %r, %r" % (
+            ", ".join(CONFIGS), args.launches, args.configs))  # fmt: skip
     return guest_launch(args) if args.guest else host(args)
 
 
