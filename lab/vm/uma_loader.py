@@ -633,6 +633,11 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
         sys.stderr.write("%s: error: %s\n" % (PROG, exc))
         return 2
     log("utils.py:253", "stand-in args: %s" % json.dumps(dict(sorted(vars(args).items()))))
+    # vLLM's own record of its arguments (entrypoints/utils.py), a Python dict repr: what
+    # oom_diagnose reads when no launch record names the flags
+    vllm_names = ("model", "tensor_parallel_size", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len")
+    given = {name: getattr(args, name) for name in vllm_names if getattr(args, name, None) is not None}
+    log("utils.py:253", "non-default args: %r" % given)
     t_start = time.monotonic()
     engine = None
     before: Dict[str, int] = {}

@@ -19,6 +19,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._diagnose_parse import (
     MIB,
     _first,
     align_samples,
+    flags_from_args,
     flags_from_argv,
     launch_epoch,
     parse_journal,
@@ -209,6 +210,19 @@ def overlapping_launches(launch: Optional[Dict[str, Any]], others: Any, slack: f
     return found
 
 
+def engine_flags(launch: Optional[Dict[str, Any]], focus: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The engine's memory flags: the launcher's argv; without a launch record, the failed run's
+    own ``non-default args`` line (vLLM's), else its transient unit's command line (``systemd-run``)."""
+    flags = flags_from_argv((launch or {}).get("argv"))
+    if flags or not focus:
+        return flags
+    args = _first(focus, "engine_args")
+    if args and args.get("args"):
+        return flags_from_args(args["args"])
+    start = next((e for e in focus["events"] if e["kind"] == "run_start" and e.get("argv")), None)
+    return flags_from_argv(start["argv"]) if start else {}
+
+
 def gather_facts(evidence: Dict[str, Any], settings: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Parse every piece of evidence into one flat dict the rules read."""
     cfg = settings_with_defaults(settings)
@@ -249,7 +263,7 @@ def gather_facts(evidence: Dict[str, Any], settings: Optional[Dict[str, Any]] = 
         "guard": guard if isinstance(guard, dict) else {},
         "others": overlapping_launches(launch, evidence.get("other_launches"), float(cfg["race_overlap_s"])),
         "plan": plan if isinstance(plan, dict) else {},
-        "flags": flags_from_argv((launch or {}).get("argv")),
+        "flags": engine_flags(launch, focus),
         "sysctl": evidence.get("sysctl") or {},
         "stats": [e for r in runs for e in r["events"] if e["kind"] == "stats"],
         "restarts": journal["restarts"],

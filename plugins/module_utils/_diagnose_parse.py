@@ -12,10 +12,12 @@ here reads files (``_diagnose_node`` does). The rules read what these return thr
 
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import math
 import re
+import shlex
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 GIB = 1024**3
@@ -126,6 +128,8 @@ _K_OOM_KILLED = re.compile(
     r"(Memory cgroup out of memory|Out of memory): Killed process (\d+) \(([^)]*)\)"
     r"(?: total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB)?"
 )
+# the kill's context line (kernel >= 4.19): which cgroup the killed task was in
+_K_OOM_TASK = re.compile(r"oom-kill:\S*?task_memcg=([^,]*),task=([^,]*),pid=(\d+)")
 _K_UVM = re.compile(r"\[nvidia_uvm\]|\buvm_\w+|phys_mem_allocate")
 _K_SYSMEM = re.compile(r"sysmemAllocResources|_memdescAllocInternal|memdescAlloc\w*|\[nvidia\]")
 _K_NODE_FILE = re.compile(r"Node \d+ .*?active_file:(\d+)kB inactive_file:(\d+)kB")
@@ -135,10 +139,14 @@ _K_PAGES_FILE = re.compile(r"\bactive_file:(\d+) inactive_file:(\d+)\b(?!kB)")
 def parse_kernel_log(text: str, page_size: int = 4096) -> Dict[str, Any]:
     """Events of interest in a kernel log (``dmesg``, ``dmesg -T`` or ``journalctl -k``)."""
     events: List[Dict[str, Any]] = []
+    memcg_of: Dict[int, str] = {}
     for number, raw in enumerate((text or "").splitlines()):
         line = raw.rstrip()
         if not line:
             continue
+        task = _K_OOM_TASK.search(line)
+        if task:
+            memcg_of[int(task.group(3))] = task.group(1)
         when = line_time(line)
         kind = None
         data: Dict[str, Any] = {}
@@ -154,6 +162,8 @@ def parse_kernel_log(text: str, page_size: int = 4096) -> Dict[str, Any]:
             data = {"cgroup": m.group(1).startswith("Memory cgroup"), "pid": int(m.group(2)), "process": m.group(3)}
             if m.group(5):
                 data["anon_rss_bytes"] = int(m.group(5)) * 1024
+            if int(m.group(2)) in memcg_of:  # the context line comes just before the kill line
+                data["memcg"] = memcg_of[int(m.group(2))]
         elif _K_UVM.search(line):
             kind = "uvm_trace"
         elif _K_SYSMEM.search(line) and ("+0x" in line or "NVRM" in line):
@@ -236,6 +246,8 @@ _J_PATTERNS: List[Tuple[str, re.Pattern[str]]] = [
             r" Running: (\d+) reqs,(?: Swapped: \d+ reqs,)? (?:Pending|Waiting): (\d+) reqs"
         ),
     ),
+    # vLLM's own record of its arguments (entrypoints/utils.py log_non_default_args), a Python dict repr
+    ("engine_args", re.compile(r"non-default args: (\{.*\})\s*$")),
     ("preempted_v0", re.compile(r"preempted by PreemptionMode\.\w+ mode because there is not enough KV cache space")),
     # The launcher's first line, or systemd starting the unit (the only start line of a unit run without it)
     ("run_start", re.compile(r"\[vllm-uma-launch [^\]]+\] launch t=|systemd\[\d+\]: Started uma-vllm@")),
@@ -338,6 +350,12 @@ def _journal_event(kind: str, m: re.Match[str], line: str) -> Dict[str, Any]:
             s = pat.search(line)
             if s:
                 data[key] = int(s.group(1)) if key == "preemptions" else float(s.group(1)) / 100.0
+    elif kind == "engine_args":
+        data = {"args": _literal_args(m.group(1))}
+    elif kind == "run_start":
+        argv = _started_argv(line)
+        if argv:
+            data = {"argv": argv}
     elif kind == "restart":
         data = {"counter": int(m.group(1))}
     elif kind == "exit":
@@ -345,6 +363,38 @@ def _journal_event(kind: str, m: re.Match[str], line: str) -> Dict[str, Any]:
     elif kind == "unit_result":
         data = {"result": m.group(1)}
     return data
+
+
+def _literal_args(text: str) -> Dict[str, Any]:
+    """vLLM's ``non-default args: {...}`` as a dict of plain values; anything else is left out.
+
+    ``ast.literal_eval`` evaluates literals only (no names, calls or attribute access); a
+    value that is not a literal (e.g. an object's repr) makes the whole line unreadable, and
+    then the diagnosis simply has no flags from it.
+    """
+    if len(text) > 20000:
+        return {}
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, (str, int, float, bool)) or v is None}
+
+
+_STARTED_CMD = re.compile(r"systemd\[\d+\]: Started uma-vllm@\S+ - (/\S+ .*?)\.?\s*$")
+
+
+def _started_argv(line: str) -> Optional[List[str]]:
+    """The command of a transient unit (``systemd-run`` describes the unit by its command line)."""
+    m = _STARTED_CMD.search(line)
+    if not m:
+        return None
+    try:
+        return shlex.split(m.group(1))
+    except ValueError:
+        return None
 
 
 def _join_wrapped(lines: List[str]) -> List[str]:
@@ -550,6 +600,22 @@ _FLAG_KEYS = (
     "--tensor-parallel-size",
 )
 _BOOL_FLAGS = ("--enable-prefix-caching", "--no-enable-prefix-caching", "--enable-chunked-prefill", "--enforce-eager")
+
+
+# vLLM's argument names (``non-default args``) for the flags above
+_ARG_NAMES = (*(k[2:].replace("-", "_") for k in _FLAG_KEYS), "enable_prefix_caching", "enforce_eager")
+
+
+def flags_from_args(args: Any) -> Dict[str, Any]:
+    """The same flags from vLLM's own ``non-default args`` record (values as text, like the argv's)."""
+    if not isinstance(args, dict):
+        return {}
+    out: Dict[str, Any] = {}
+    for name in _ARG_NAMES:
+        if name in args and args[name] is not None:
+            value = args[name]
+            out[name] = value if isinstance(value, bool) else str(value)
+    return out
 
 
 def flags_from_argv(argv: Any) -> Dict[str, Any]:

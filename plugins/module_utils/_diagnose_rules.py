@@ -327,11 +327,48 @@ def _allocation_failure(
 
 
 def _lower_utilization_fix(f: Dict[str, Any]) -> str:
+    kv = f["flags"].get("kv_cache_memory_bytes")
+    if kv:
+        # vLLM takes an explicit KV size as it is: the utilization does not size the cache then
+        return (
+            "Weights + KV cache + activations exceeded the memory that was really there, and the KV cache was"
+            " given explicitly (--kv-cache-memory-bytes %s), which --gpu-memory-utilization does not size:"
+            " lower --kv-cache-memory-bytes, or re-plan with uma.vllm.vllm_flags (it sizes the KV cache from"
+            " what is left after weights and reserve_bytes) and apply its flags." % kv
+        )
     util = f["flags"].get("gpu_memory_utilization") or f["plan"].get("gpu_memory_utilization")
     return (
         "Weights + KV cache + activations exceeded the memory that was really there: lower"
         " --gpu-memory-utilization%s, or re-plan with uma.vllm.vllm_flags (it leaves reserve_bytes"
         " for the OS) and apply its flags." % (" (now %s)" % util if util else "")
+    )
+
+
+# cgroups of the engine itself (the native unit, a container's scope: which engine a scope runs is not
+# in the kernel line, so a kill there is never called another process's)
+_ENGINE_CGROUPS = ("uma-vllm@", "docker-", "libpod-", "/docker/", "/machine.slice/")
+
+
+def _outsiders_killed(f: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """OOM kills during the start of processes outside the engine's unit (the kernel named their cgroup)."""
+    return [
+        e for e in f["kernel_events"]
+        if e["phase"] == "startup" and e["kind"] == "oom_killed" and e.get("memcg")
+        and not any(mark in e["memcg"] for mark in _ENGINE_CGROUPS)
+    ]  # fmt: skip
+
+
+def _outsider_fix(killed: List[Dict[str, Any]]) -> str:
+    names = ", ".join(
+        "pid %d (%s) in %s%s" % (e["pid"], e.get("process"), e["memcg"],
+                                 ", %s anonymous" % fmt_bytes(e["anon_rss_bytes"]) if e.get("anon_rss_bytes") else "")
+        for e in killed[:3]
+    )  # fmt: skip
+    return (
+        "A process outside the engine held memory while it started, and the OOM killer killed it too: %s."
+        " Stop it before the engine starts (or keep it to another node), or count its memory in the plan:"
+        " the launcher's admission waits for MemAvailable to cover the startup request, and"
+        " uma.vllm.vllm_flags plans with reserve_bytes for memory that is not the engine's." % names
     )
 
 
@@ -365,7 +402,12 @@ def rule_startup_oom(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if cuda or kernel_hit or exits:
         more, conf = _allocation_failure(f, cuda, exits, conf, sized=bool(insufficient or none_left or over_req))
         lines += more
-        if not fix:
+        outsiders = _outsiders_killed(f)
+        had_fix = bool(fix)
+        if outsiders:
+            lines += [e["line"] for e in outsiders[:2] if e["line"] not in lines]
+            fix.append(_outsider_fix(outsiders))
+        if not had_fix:
             fix.append(_lower_utilization_fix(f))
     if not lines:
         lines = _lines(*failures[:2])

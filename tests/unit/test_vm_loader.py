@@ -399,6 +399,13 @@ def test_driver_out_of_memory_is_torchs_oom(tmp_path):
     assert "KV cache" in oom["line"] and "Loading weights took" in out
     facts = json.loads(out.split("stand-in facts: ", 1)[1].splitlines()[0])
     assert facts["driver"] == {} and facts["weight_driver_bytes"] == 22 * MIB  # the counters also on failure
+    # vLLM's own "non-default args" line: the diagnosis names the explicit KV size from it
+    args = next(e for e in run["events"] if e["kind"] == "engine_args")["args"]
+    assert _diagnose_parse.flags_from_args(args) == {
+        "kv_cache_memory_bytes": str(16 * MIB),
+        "tensor_parallel_size": "2",
+        "gpu_memory_utilization": "0.9",
+    }
 
 
 def test_whole_run_over_http(tmp_path):

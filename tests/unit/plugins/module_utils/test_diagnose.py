@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ansible_collections.uma.vllm.plugins.module_utils import _diagnose as d
+from ansible_collections.uma.vllm.plugins.module_utils._diagnose_parse import flags_from_args
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "diagnose")
 GIB = 1024**3
@@ -227,6 +228,56 @@ def test_flags_from_argv_both_spellings():
     )
     assert flags == {"max_model_len": "4096", "max_num_seqs": "8", "enable_prefix_caching": True}
     assert d.flags_from_argv(None) == {}
+
+
+VLLM_ARGS_LINE = (
+    "Nov 26 04:15:17 spark1 vllm[657]: (APIServer pid=657) INFO 11-26 04:15:17 [utils.py:253] non-default args:"
+    " {'model_tag': '/models/qwen', 'model': '/models/qwen', 'max_model_len': 32768,"
+    " 'gpu_memory_utilization': 0.85, 'kv_cache_memory_bytes': 34359738368, 'enable_prefix_caching': True,"
+    " 'compilation_config': {'level': 3}}"
+)
+
+
+def test_flags_from_vllms_own_non_default_args_line():
+    """No launch record (an engine this collection did not start): vLLM's own record of its arguments."""
+    runs = d.parse_journal(VLLM_ARGS_LINE + "\n")["runs"]
+    event = runs[0]["events"][0]
+    assert event["kind"] == "engine_args"
+    # plain values only: the nested compilation_config is left out
+    assert "compilation_config" not in event["args"] and event["args"]["max_model_len"] == 32768
+    assert flags_from_args(event["args"]) == {
+        "max_model_len": "32768", "gpu_memory_utilization": "0.85", "kv_cache_memory_bytes": "34359738368",
+        "enable_prefix_caching": True}  # fmt: skip
+    facts = d.gather_facts({"journal": VLLM_ARGS_LINE + "\n"})
+    assert facts["flags"]["kv_cache_memory_bytes"] == "34359738368"
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        "{'model': Path('/m')}",  # a repr that is not a literal: nothing read, no exception
+        "{'a': __import__('os').system('true')}",  # never evaluated
+        "[1, 2]",  # not a dict
+        "{'a': 1" + ", 'b': 2" * 5000 + "}",  # too long
+    ],
+)
+def test_non_default_args_that_are_not_plain_literals_give_no_flags(tail):
+    runs = d.parse_journal("x vllm[1]: INFO [utils.py:253] non-default args: %s\n" % tail)["runs"]
+    events = [e for r in runs for e in r["events"] if e["kind"] == "engine_args"]
+    assert [e["args"] for e in events] in ([{}], [])
+
+
+def test_the_kernel_names_the_killed_tasks_cgroup():
+    text = (
+        "[  216.940100] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
+        "task_memcg=/system.slice/ssh.service,task=python3,pid=660,uid=0\n"
+        "[  216.940496] Out of memory: Killed process 660 (python3) total-vm:1037760kB, anon-rss:961404kB,"
+        " file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1948kB oom_score_adj:0\n"
+        "[  217.000000] Out of memory: Killed process 700 (python3) total-vm:1kB, anon-rss:1kB, file-rss:0kB\n"
+    )
+    killed = [e for e in d.parse_kernel_log(text)["events"] if e["kind"] == "oom_killed"]
+    assert killed[0]["memcg"] == "/system.slice/ssh.service" and killed[0]["anon_rss_bytes"] == 961404 * 1024
+    assert "memcg" not in killed[1]  # no context line for it: unknown, not guessed
 
 
 def test_samples_text_skips_bad_lines_and_sorts():

@@ -137,3 +137,31 @@ def test_journal_runs_split_at_systemd_start_and_a_second_exit():
         "2026-01-01T00:00:09+0000 n vllm-uma-launch[5]: INFO:     Application startup complete.\n"
     )
     assert len(parse_journal(text)["runs"]) == 1
+
+
+@pytest.mark.parametrize("kernel_source", KERNEL_SOURCES)
+def test_explicit_kv_cache_size_is_what_the_fix_names(run_module, tmp_path, kernel_source):
+    """960M of KV given with --kv-cache-memory-bytes: lowering --gpu-memory-utilization would change nothing.
+
+    No launch record here: the flags come from the transient unit's command line in systemd's
+    ``Started`` line (``systemd-run`` describes a unit by its command).
+    """
+    failed, result = run_module(oom_diagnose, lay_out(tmp_path, "vm-kv960m-no-memory", kernel_source))
+    assert not failed, result.get("msg")
+    diagnosis = result["diagnoses"][0]
+    assert result["class"] == "startup_oom"
+    assert "--kv-cache-memory-bytes 960M" in diagnosis["fix"][0], diagnosis["fix"]
+    assert "lower --gpu-memory-utilization" not in " ".join(diagnosis["fix"]), diagnosis["fix"]
+
+
+@pytest.mark.parametrize("kernel_source", KERNEL_SOURCES)
+def test_the_other_process_the_kernel_killed_is_named(run_module, tmp_path, kernel_source):
+    """The hog ran in ssh.service's cgroup with 939 MiB of anonymous memory: the fix names it, by the kernel's words."""
+    failed, result = run_module(oom_diagnose, lay_out(tmp_path, "vm-hog-oom-kill", kernel_source))
+    assert not failed, result.get("msg")
+    diagnosis = result["diagnoses"][0]
+    assert result["class"] == "startup_oom"
+    assert "pid 660 (python3) in /system.slice/ssh.service, 939 MiB anonymous" in diagnosis["fix"][0], diagnosis
+    assert any("Killed process 660 (python3)" in line for line in diagnosis["evidence"]), diagnosis["evidence"]
+    # the engine's own kill (pid 657, in uma-vllm@uma-vm.service) is not called another process's
+    assert "pid 657" not in diagnosis["fix"][0]
