@@ -285,6 +285,9 @@ def host(args):
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
                 results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
                 print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
+                if args.json:  # after every launch: an interrupted experiment keeps what it measured
+                    with open(args.json, "w", encoding="utf-8") as fh:
+                        json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "launches": results}, fh)
     finally:
         ssh("python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'"
             % (json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS])))  # fmt: skip
@@ -300,7 +303,7 @@ def host(args):
             max(times, default="-")))  # fmt: skip
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"defaults": defaults, "launches": results}, fh, indent=1)
+            json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "launches": results}, fh, indent=1)
     return 0
 
 
