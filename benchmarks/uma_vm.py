@@ -307,6 +307,58 @@ def host(args):
     return 0
 
 
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _fmt(value, spec="%.1f"):
+    return "-" if value is None else spec % value
+
+
+def report(path):
+    """One markdown row per configuration from a --json file: medians (min-max) of every launch."""
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    launches = data["launches"]
+    configs = []
+    for r in launches:
+        if r["config"] not in configs:
+            configs.append(r["config"])
+    print(
+        "| config | healthy | completion | time to healthy s: median (min-max) | load s | KV alloc s: median (max)"
+        " | page-cache peak MiB | MemAvailable at check MiB | free order-9 before KV | fallbacks 2M->64K / 64K->4K"
+        " | failures | allocstall / compact_stall (median; max) | oom_kill | guard CPU s / evicted MiB |"
+    )
+    print("|---" * 14 + "|")
+    for config in configs:
+        rs = [r for r in launches if r["config"] == config]
+        facts = [r["facts"] for r in rs]
+        times = [r["healthy_s"] for r in rs if r["healthy_s"] is not None]
+        kv = [f.get("kv_alloc_s") for f in facts]
+        stalls = [sum(v for k, v in r["vmstat"].items() if k.startswith("allocstall")) for r in rs]
+        compact = [r["vmstat"]["compact_stall"] for r in rs]
+        drv = [f.get("driver") or {} for f in facts]
+        guard = [r.get("guard") or {} for r in rs]
+        row_fmt = "| %s | %d/%d | %d/%d | %s (%s-%s) | %s | %s (%s) | %s | %s | %s | %d / %d | %d"
+        row_fmt += " | %s / %s (%s; %s) | %d | %s |"
+        print(row_fmt % (
+            config, len(times), len(rs), sum(1 for r in rs if r["completion"]), len(rs), _fmt(_median(times)),
+            _fmt(min(times, default=None)), _fmt(max(times, default=None)),
+            _fmt(_median([f.get("load_s") for f in facts])), _fmt(_median(kv)),
+            _fmt(max((v for v in kv if v is not None), default=None)),
+            _fmt(_median([r["cached_peak_mib"] for r in rs]), "%.0f"),
+            _fmt(_median([(f.get("memavailable_at_check") or 0) >> 20 or None for f in facts]), "%.0f"),
+            _fmt(_median([f.get("free_order9_at_kv") for f in facts]), "%.0f"),
+            sum(d.get("fallbacks_2m_to_64k", 0) for d in drv), sum(d.get("fallbacks_64k_to_4k", 0) for d in drv),
+            sum(d.get("failures", 0) for d in drv), _fmt(_median(stalls), "%.0f"), _fmt(_median(compact), "%.0f"),
+            max(stalls, default=0), max(compact, default=0), sum(r["vmstat"]["oom_kill"] for r in rs),
+            "%s / %s" % (_fmt(_median([g.get("cpu_seconds") for g in guard])), _fmt(_median(
+                [(g.get("evicted_bytes") or 0) / 2**20 if g else None for g in guard]), "%.0f")) if any(guard) else "-",
+        ))  # fmt: skip
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--launches", type=int, default=3, help="launches per configuration (3: a trial)")
@@ -318,6 +370,7 @@ def main(argv=None):
     p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
+    p.add_argument("--report", default="", metavar="JSON", help="print the per-configuration table of a --json file")
     p.add_argument("--guest", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--reserve-spark-kb", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
@@ -327,6 +380,8 @@ def main(argv=None):
     if args.launches < 1 or not set(args.configs.split(",")) <= set(CONFIGS):
         p.error("--launches must be >= 1 and --configs a list of %s; got %r, %r" % (
             ", ".join(CONFIGS), args.launches, args.configs))  # fmt: skip
+    if args.report:
+        return report(args.report)
     return guest_launch(args) if args.guest else host(args)
 
 
