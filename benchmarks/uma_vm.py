@@ -243,6 +243,7 @@ def setup(args):
         with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
             ssh("cat > /root/guard/%s" % name, stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
+    ssh("dmesg -n 7")  # every kernel message to the serial console too: a guest that hangs keeps its log there
     return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %s.items()}))'"
                           % json.dumps(KNOBS)))  # fmt: skip
 
@@ -268,6 +269,32 @@ def reserve_spark_kb():
     return _sysctl.size_min_free_kbytes(SPARK_RAM)["min_free_kbytes"]
 
 
+def console_tail(lines=60):
+    cache = os.environ.get("UMA_VM_CACHE", os.path.join(ROOT, ".cache", "vm"))
+    try:
+        with open(os.path.join(cache, "console.log"), encoding="utf-8", errors="replace") as fh:
+            return fh.read().splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def launch_or_hang(args, cmd, config, index):
+    """One launch; a guest that does not answer within --hang-s is a result too ("hung"), then rebooted."""
+    try:
+        return json.loads(ssh(cmd, timeout=args.hang_s).strip().splitlines()[-1])
+    except (SystemExit, subprocess.TimeoutExpired) as err:
+        console = console_tail()
+        print("launch %s %d: no answer within %d s (%s); rebooting the guest" % (config, index, args.hang_s,
+              str(err)[:200]), flush=True)  # fmt: skip
+        subprocess.run(["bash", VM_SH, "down"], check=False, timeout=300)
+        subprocess.run(["bash", VM_SH, "up"], check=True, timeout=900)
+        setup(args)
+        return {"config": config, "index": index, "healthy": False, "completion": False, "hung": True,
+                "healthy_s": None, "exit": None, "cached_peak_mib": 0, "facts": {}, "guard": None,
+                "errors": ["the guest did not answer within %d s" % args.hang_s], "kernel": [],
+                "vmstat": {k: 0 for k in VMSTAT}, "console": console}  # fmt: skip
+
+
 def host(args):
     defaults = setup(args)
     reserve = reserve_spark_kb()
@@ -283,14 +310,21 @@ def host(args):
                 )
                 cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d --reserve-spark-kb %d" % (
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
-                results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
+                if args.hang_s:
+                    results.append(launch_or_hang(args, cmd, config, i + 1))
+                else:
+                    results.append(json.loads(ssh(cmd).strip().splitlines()[-1]))
                 print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
                 if args.json:  # after every launch: an interrupted experiment keeps what it measured
                     with open(args.json, "w", encoding="utf-8") as fh:
                         json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "launches": results}, fh)
     finally:
-        ssh("python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'"
-            % (json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS])))  # fmt: skip
+        try:
+            restore = "python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'" % (
+                json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS]))  # fmt: skip
+            ssh(restore, timeout=120)
+        except (SystemExit, subprocess.TimeoutExpired) as err:  # a hung guest: `lab/vm.sh down` resets it anyway
+            print("uma_vm.py: the guest's knobs were not restored: %s" % err, flush=True)
     print("\nconfig # result   compl healthy cache  MemAvail  order9   fallbk  stall/cmp  oom  fail  exit")
     print("                         s      MiB   MiB@chk  @KValloc 2M/64K")
     for r in results:
@@ -335,6 +369,7 @@ def report(path):
         rs = [r for r in launches if r["config"] == config]
         facts = [r["facts"] for r in rs]
         times = [r["healthy_s"] for r in rs if r["healthy_s"] is not None]
+        hung = sum(1 for r in rs if r.get("hung"))
         kv = [f.get("kv_alloc_s") for f in facts]
         stalls = [sum(v for k, v in r["vmstat"].items() if k.startswith("allocstall")) for r in rs]
         compact = [r["vmstat"]["compact_stall"] for r in rs]
@@ -343,7 +378,8 @@ def report(path):
         row_fmt = "| %s | %d/%d | %d/%d | %s (%s-%s) | %s | %s (%s) | %s | %s | %s | %d / %d | %d"
         row_fmt += " | %s / %s (%s; %s) | %d | %s |"
         print(row_fmt % (
-            config, len(times), len(rs), sum(1 for r in rs if r["completion"]), len(rs), _fmt(_median(times)),
+            config + (" (%d hung)" % hung if hung else ""), len(times), len(rs),
+            sum(1 for r in rs if r["completion"]), len(rs), _fmt(_median(times)),
             _fmt(min(times, default=None)), _fmt(max(times, default=None)),
             _fmt(_median([f.get("load_s") for f in facts])), _fmt(_median(kv)),
             _fmt(max((v for v in kv if v is not None), default=None)),
@@ -370,6 +406,9 @@ def main(argv=None):
     p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
+    p.add_argument("--hang-s", type=int, default=0, metavar="S",
+                   help="a launch whose guest does not answer within S s is recorded as hung, then the guest"
+                        " is rebooted (0: off, the ssh waits up to 900 s and a failure ends the run)")  # fmt: skip
     p.add_argument("--report", default="", metavar="JSON", help="print the per-configuration table of a --json file")
     p.add_argument("--guest", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--reserve-spark-kb", type=int, default=0, help=argparse.SUPPRESS)
@@ -377,6 +416,9 @@ def main(argv=None):
     p.add_argument("--defaults", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8000, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.hang_s < 0 or (args.hang_s and args.hang_s <= args.timeout):
+        p.error("--hang-s must be 0 (off) or longer than --timeout (%d s, the guest's own bound); got %d" % (
+            args.timeout, args.hang_s))  # fmt: skip
     if args.launches < 1 or not set(args.configs.split(",")) <= set(CONFIGS):
         p.error("--launches must be >= 1 and --configs a list of %s; got %r, %r" % (
             ", ".join(CONFIGS), args.launches, args.configs))  # fmt: skip
