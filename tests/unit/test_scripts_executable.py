@@ -4,7 +4,7 @@
 """Every shell script the README and docs tell a person to run is executable in a fresh clone.
 
 ``lab/vm.sh up`` (docs/VM-LAB.md) was committed without its executable bit: from a fresh clone it
-answered "Permission denied" (found in stop 16 when a script called it directly). Git keeps the
+answered "Permission denied" (found on 26 Nov 2026 when a script called it directly). Git keeps the
 mode, so the index is the truth a clone gets.
 """
 
