@@ -284,14 +284,15 @@ def launch_or_hang(args, cmd, config, index):
         return json.loads(ssh(cmd, timeout=args.hang_s).strip().splitlines()[-1])
     except (SystemExit, subprocess.TimeoutExpired) as err:
         console = console_tail()
-        print("launch %s %d: no answer within %d s (%s); rebooting the guest" % (config, index, args.hang_s,
-              str(err)[:200]), flush=True)  # fmt: skip
+        why = ("no answer within %d s" % args.hang_s if isinstance(err, subprocess.TimeoutExpired)
+               else "the ssh session failed: %s" % str(err)[-160:])  # fmt: skip
+        print("launch %s %d: %s; rebooting the guest" % (config, index, why), flush=True)
         subprocess.run(["bash", VM_SH, "down"], check=False, timeout=300)
         subprocess.run(["bash", VM_SH, "up"], check=True, timeout=900)
         setup(args)
         return {"config": config, "index": index, "healthy": False, "completion": False, "hung": True,
                 "healthy_s": None, "exit": None, "cached_peak_mib": 0, "facts": {}, "guard": None,
-                "errors": ["the guest did not answer within %d s" % args.hang_s], "kernel": [],
+                "errors": ["the guest did not answer: %s" % why], "kernel": [],
                 "vmstat": {k: 0 for k in VMSTAT}, "console": console}  # fmt: skip
 
 
