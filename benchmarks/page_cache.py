@@ -322,9 +322,15 @@ def guard_cpu(pid: int) -> float:
             pass
     if found:
         return total / 1e9
+    return sum(_stat_user_sys(pid))
+
+
+def _stat_user_sys(pid: int) -> Tuple[float, float]:
+    """utime and stime of a process from /proc/PID/stat, in seconds (clock ticks); OSError if it is gone."""
     with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / float(os.sysconf("SC_CLK_TCK"))
+    tick = float(os.sysconf("SC_CLK_TCK"))
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def guard_user_sys(pid: int) -> Tuple[float, float]:
@@ -334,12 +340,9 @@ def guard_user_sys(pid: int) -> Tuple[float, float]:
     (measured 26 Nov 2026: user 0.00-0.03 s, system 0.31-0.37 s per 2 GiB load).
     """
     try:
-        with open("/proc/%d/stat" % pid, encoding="ascii") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
+        return _stat_user_sys(pid)
     except OSError:
         return 0.0, 0.0
-    tick = float(os.sysconf("SC_CLK_TCK"))
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 class GuardProcess:

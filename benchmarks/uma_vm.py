@@ -155,10 +155,12 @@ def guest_launch(args):
     if args.guest in ("g", "k"):
         if os.path.exists(guard_status):
             os.unlink(guard_status)
+        # the guard's own defaults (mode, interval, threshold), which the launcher passes on unchanged;
+        # --max-duration is the launcher's guard_max_duration
         guard = subprocess.Popen([
-            sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--mode", "adaptive", "--interval", "0.1",
-            "--threshold-mib", "16", "--max-duration", "1800", "--until-url", url + "/health",
-            "--status-file", guard_status, "--paths", "/srv/model"], stdin=subprocess.DEVNULL)  # fmt: skip
+            sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--max-duration", "1800",
+            "--until-url", url + "/health", "--status-file", guard_status, "--paths", "/srv/model"],
+            stdin=subprocess.DEVNULL)  # fmt: skip
         while not os.path.exists(guard_status) and guard.poll() is None:  # as the launcher: the guard watches first
             time.sleep(0.05)
     with open(log_path, "w", encoding="utf-8") as log:

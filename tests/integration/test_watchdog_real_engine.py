@@ -134,10 +134,13 @@ def test_real_metrics_and_completion(engine, monkeypatch):
     assert refused["error"] == "HTTP 401"
 
 
+LOADED_TICKS = 8  # watchdog ticks with requests running that the busy test waits for
+
+
 def test_real_generation_load_is_busy_not_wedged(engine, tmp_path, monkeypatch):
     """A steady generation load, kept up for as many ticks as the test needs (not for a fixed time).
 
-    The load runs until the watchdog has ticked ``TICKS`` times while the engine's own gauges
+    The load runs until the watchdog has ticked ``LOADED_TICKS`` times while the engine's own gauges
     said requests were running, so a slow machine (CI: 2 cores shared with the engine) cannot end
     the load before the watchdog has looked at it; a load request that fails fails the test with
     its error instead of silently ending the load.
@@ -173,7 +176,7 @@ def test_real_generation_load_is_busy_not_wedged(engine, tmp_path, monkeypatch):
             if metrics is not None and metrics["running"] > 0:
                 break
             time.sleep(0.5)
-        while not errors and loaded < 8 and time.monotonic() < deadline:
+        while not errors and loaded < LOADED_TICKS and time.monotonic() < deadline:
             started = time.monotonic()
             actions = dog.tick()
             durations.append(time.monotonic() - started)
@@ -190,7 +193,7 @@ def test_real_generation_load_is_busy_not_wedged(engine, tmp_path, monkeypatch):
         len(verdicts), loaded, {k: verdicts.count(k) for k in set(verdicts)}, min(durations or [0]),
         max(durations or [0])))  # fmt: skip
     assert errors == [], errors
-    assert loaded >= 8, "the load was not running for 8 ticks within 600 s"
+    assert loaded >= LOADED_TICKS, "the load was not running for %d ticks within 600 s" % LOADED_TICKS
     assert "busy" in verdicts
     assert dog.state["counts"]["wedges"] == 0 and "stop" not in units.calls
 
