@@ -11,6 +11,8 @@
 #   engine.sh kill-launcher R SIGKILL of rank R's launcher (the unit's main process); the same times,
 #                             then exactly one engine container per node (no orphan kept the name)
 #   engine.sh restart-docker R  systemctl restart docker on rank R's node under the running engine
+#   engine.sh reboot R        rank R's node shut down the way systemd expects (SIGRTMIN+3 to the lab
+#                             node's PID 1) and started again: the engine comes back whole by itself
 #
 # UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2) names the nodes and
 # UMA_CLUSTER_RUNTIME (default native) the runtime (molecule/cluster_container: container). `stop`
@@ -31,11 +33,21 @@ complete() {
 }
 # the engine containers on NODE (0 on a node without Docker: the native runtime)
 containers() { docker exec "$1" sh -c 'if command -v docker >/dev/null; then docker ps -aq | wc -l; else echo 0; fi'; }
+# a running engine's containers per node: one (the rank's) with the container runtime, none native
+expected_containers() { if [ "$runtime" = container ]; then echo 1; else echo 0; fi; }
 # each rank's systemd invocation (a new one: the rank's unit started again)
 invocations() {
   local node
   for node in "${nodes[@]}"; do docker exec "$node" systemctl show -p InvocationID --value "$unit"; done
 }
+# a lab node's reboot: a clean shutdown (SIGRTMIN+3 to its systemd), then the node started again in
+# the background (the fault's clock runs meanwhile; fault() waits for it before it returns)
+reboot_node() {
+  docker kill --signal SIGRTMIN+3 "$1" >/dev/null
+  (timeout 180 docker wait "$1" >/dev/null && docker start "$1" >/dev/null) &
+  rebooting=$!
+}
+rebooting=
 # time a fault: NAME CMD...: detected = rank 0's /health stops answering, recovered = /health and a
 # completion answer again, every rank started again (the whole engine restarted)
 fault() {
@@ -60,6 +72,7 @@ fault() {
         return 1
       fi
       echo "healthy again (completion answered) in $recovered s"
+      [ -z "$rebooting" ] || wait "$rebooting"
       echo "UMA-DRILL fault=$name runtime=$runtime detected_s=$detected recovered_s=$recovered"
       return 0
     fi
@@ -114,14 +127,22 @@ case "${1:-}" in
     fault "kill-launcher-rank$2" docker exec "${nodes[$2]}" kill -KILL "$main"
     for node in "${nodes[@]}"; do
       echo "$node: $(containers "$node") engine container(s)"
-      [ "$(containers "$node")" = 1 ]
+      [ "$(containers "$node")" = "$(expected_containers)" ]
     done
     ;;
   restart-docker)
     fault "restart-docker-rank$2" docker exec "${nodes[$2]}" systemctl restart docker.service
     ;;
+  reboot)
+    fault "reboot-rank$2" reboot_node "${nodes[$2]}"
+    for node in "${nodes[@]}"; do
+      echo "$node: $(docker exec "$node" systemctl show -p ActiveState -p UnitFileState --value "$unit" | xargs)," \
+        "$(containers "$node") engine container(s)"
+      [ "$(containers "$node")" = "$(expected_containers)" ]
+    done
+    ;;
   *)
-    sed -n '2,10p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
     ;;
 esac

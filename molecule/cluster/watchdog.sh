@@ -16,6 +16,8 @@
 #                             shards evicted; critical floor -> graceful whole-engine restart
 #   watchdog.sh floor-hog     a real memory hog (systemd-run MemoryMax, 1 GiB) on cluster-ai1 under
 #                             floors set just below MemAvailable: evicted while the hog lives, no OOM kill
+#   watchdog.sh fresh         a fresh restart window on both nodes: watchdogs restarted, the units'
+#                             start limit reset (the lab's faults follow each other within minutes)
 #   WD_FAULT_ONLY=1           (benchmarks) skip the checks, print only the times
 #   UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2), UMA_CLUSTER_RUNTIME
 #                             (default native): the nodes and the runtime (molecule/cluster_container)
@@ -61,8 +63,12 @@ wait_for() { # SECONDS CMD...: poll every 0.5 s
 }
 wait_healthy_completion() { wait_for "$1" bash -c "$(declare -f healthy complete); ai1=$ai1 key=$key; healthy && complete"; }
 has_event() { [ "$(count "$@")" -ge 1 ]; }
-# a fresh watchdog window on both nodes (the lab's faults follow each other within minutes)
+# a fresh restart window on both nodes (the lab's faults follow each other within minutes, each
+# node's faults in the field hours apart): the watchdogs restarted (their budget of restarts) and the
+# engine units' start limit reset (systemd's own: StartLimitBurst starts per StartLimitIntervalSec)
 fresh() {
+  docker exec "$ai1" systemctl reset-failed "$unit"
+  docker exec "$ai2" systemctl reset-failed "$unit"
   docker exec "$ai1" systemctl restart "$wd"
   docker exec "$ai2" systemctl restart "$wd"
   wait_for 30 bash -c "[ \"\$(docker exec $ai1 python3 -c 'import json; print(json.load(open(\"$records/state.json\"))[\"phase\"])')\" = healthy ]"
@@ -71,6 +77,9 @@ oom_kills() { awk '$1 == "oom_kill" {print $2}' /proc/vmstat; }
 decided() { python3 -c 'import json,sys; e=json.loads(sys.stdin.readline()); print(round(e["evidence"]["decided_at_epoch_s"] - float(sys.argv[1]), 2))' "$1"; }
 
 case "${1:-}" in
+  fresh)
+    fresh
+    ;;
   wedge)
     wait_healthy_completion 120
     fresh
@@ -278,7 +287,7 @@ open(sys.argv[2] + "/proc/meminfo.new", "w").writelines(out)' "$1" "$fake"
     [ "$oom1" = "$oom0" ]
     ;;
   *)
-    sed -n '2,20p' "$0" >&2
+    sed -n '2,23p' "$0" >&2
     exit 2
     ;;
 esac

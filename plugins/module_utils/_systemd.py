@@ -150,6 +150,11 @@ class Systemd:
         # Fails harmlessly when the unit is not loaded or not failed.
         self.runner([self.systemctl, "reset-failed", unit])
 
+    def reset_start_limit(self, unit: str) -> None:
+        """Clear ``unit``'s start rate limit (``reset-failed``, which a running unit keeps running through);
+        unlike ``reset_failed`` a refusal is an error: the caller says whether the limit was cleared."""
+        self._act([self.systemctl, "reset-failed", unit], "reset-failed %s" % unit)
+
     def run(
         self,
         unit: str,

@@ -593,7 +593,10 @@ def _fail_restart_step(cfg: _D, s: _D, verdict: _D, critical: bool, now: float, 
 
 def _healed_step(cfg: _D, s: _D, now: float, actions: _Acts) -> None:
     """Restarts followed by ``healthy_reset_s`` of healthy serving healed their fault: they leave the budget
-    (window limit and backoff). A start that fails again sooner keeps counting: that is a crash loop."""
+    (window limit and backoff), and systemd's own (the unit's StartLimitBurst starts per
+    StartLimitIntervalSec, which would refuse the start after a later fault's exit 69 and leave the engine
+    down: the program resets it with ``systemctl reset-failed``, which an active unit keeps running
+    through). A start that fails again sooner keeps counting: that is a crash loop."""
     since = s["phase_since"]
     if s["phase"] != "healthy" or now - since < cfg["healthy_reset_s"]:
         return
@@ -601,10 +604,11 @@ def _healed_step(cfg: _D, s: _D, now: float, actions: _Acts) -> None:
     if not healed:
         return
     s["restarts"] = [t for t in s["restarts"] if t > since]
-    actions.append({"do": "record", "action": "budget-reset", "reason": (
+    actions.append({"do": "reset-start-limit", "action": "budget-reset", "reason": (
         "healthy for %.0f s (healthy_reset_s %.0f): %d earlier restart(s) healed, no longer counted against "
-        "the limit of %d per %.0f s" % (now - since, cfg["healthy_reset_s"], len(healed), cfg["max_restarts"],
-                                        cfg["window_s"])), "evidence": {"healed": len(healed)}})  # fmt: skip
+        "the limit of %d per %.0f s nor systemd's start limit" % (
+            now - since, cfg["healthy_reset_s"], len(healed), cfg["max_restarts"], cfg["window_s"])),
+        "evidence": {"healed": len(healed)}})  # fmt: skip
 
 
 def decide(
@@ -612,7 +616,8 @@ def decide(
 ) -> Tuple[Dict[str, Any], List[Dict[str, Any]]]:
     """The next state and the actions for one tick (rank 0 decides restarts; peers only evict and report).
 
-    Actions: ``{"do": "evict" | "restart" | "stop" | "record", "reason": ..., "evidence": {...}}``.
+    Actions: ``{"do": "evict" | "restart" | "stop" | "reset-start-limit" | "record", "reason": ...,
+    "evidence": {...}}`` (``reset-start-limit``: ``systemctl reset-failed`` of this node's unit, recorded).
     """
     s = copy.deepcopy(state)
     actions: List[Dict[str, Any]] = []

@@ -382,6 +382,14 @@ class Watchdog:
             "duration_s": round(self.clock() - started, 3),
         }
 
+    def reset_start_limit(self) -> Dict[str, Any]:
+        """systemd's start limit of this node's unit cleared (``reset-failed``; the unit keeps running)."""
+        try:
+            self.systemd.reset_start_limit(self.cfg["unit"])
+            return {"start_limit_reset": self.cfg["unit"]}
+        except UmaError as err:
+            return {"start_limit_reset": None, "error": err.message}
+
     def start_own(self) -> Dict[str, Any]:
         self.systemd.reset_failed(self.cfg["unit"])
         try:
@@ -481,9 +489,13 @@ class Watchdog:
                 self.restart_all(action)
             elif action["do"] == "stop":
                 self.stop_all(action)
+            elif action["do"] == "reset-start-limit":
+                self.record(action["action"], action["reason"], dict(action["evidence"], **self.reset_start_limit()))
             else:
                 self.record(action.get("action") or action["do"], action["reason"], action.get("evidence"))
-        if self.state["phase"] != before and not any(a["do"] in ("restart", "stop", "record") for a in actions):
+        if self.state["phase"] != before and not any(
+            a["do"] in ("restart", "stop", "record", "reset-start-limit") for a in actions
+        ):
             self.record("phase", "%s -> %s: %s" % (before, self.state["phase"], self.state["reason"]), {
                 "verdict": self.state.get("last_verdict")})  # fmt: skip
         self.publish()

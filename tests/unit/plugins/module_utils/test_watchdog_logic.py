@@ -444,10 +444,49 @@ def test_healed_faults_leave_the_restart_budget():
         first = t if first is None else first
         assert action["do"] == "restart" and action["kind"] == "probe", (fault, action)
         state, t, done = healthy_for(c, state, t + 5, 660)
-        assert [a["action"] for a in done if a.get("action") == "budget-reset"] == ["budget-reset"]
+        assert [a["do"] for a in done if a.get("action") == "budget-reset"] == ["reset-start-limit"]
         assert state["restarts"] == [] and state["phase"] == "healthy"
     assert t - first < 3600  # four faults inside one window
     assert state["counts"]["restarts"] == 4 and state["counts"]["gave_up"] == 0
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_healed_systemd_restarts_also_clear_systemds_start_limit(rank):
+    """The faults the rank link heals (a dead rank process: exit 69, systemd's Restart=) count against
+    the unit's StartLimitBurst (3 starts per 1800 s) as well as the watchdog's budget. Found in the
+    container lab's drills: the fourth such fault in half an hour was refused by systemd ("Start request
+    repeated too quickly") and the engine stayed down. Each node's watchdog now clears its own unit's
+    start limit when the restarts healed (healthy for healthy_reset_s); a crash loop does not."""
+    peer = (
+        {"leader_url": "http://ai1:9411/status"}
+        if rank
+        else {"peers": [{"name": "ai2", "url": "http://ai2:9411/status"}]}
+    )
+    c = cfg(rank=rank, status_port=9411, **peer)
+    state = healthy_state(c)
+    t, restarts = 5.0, 0
+    for _fault in range(4):
+        restarts += 1
+        # exit 69, systemd restarts the unit (RestartSec), the engine loads, then serves 11 minutes
+        down = {"unit": "activating", "n_restarts": restarts, "exit_status": 69,
+                "local": {"ok": False, "reason": "0 processes"},
+                "health": {"ok": False, "latency_s": None}}  # fmt: skip
+        state, done = run(c, [ok_obs(**down)] * 4 + [ok_obs(n_restarts=restarts)] * 133, start=t, state=state)
+        t += 5 * 137
+        assert [a["action"] for _t, a in done][:1] == ["systemd-restart"], done
+        resets = [a for _t, a in done if a.get("action") == "budget-reset"]
+        assert [a["do"] for a in resets] == ["reset-start-limit"], done
+        assert "systemd's start limit" in resets[0]["reason"]
+    assert state["counts"]["gave_up"] == 0
+
+
+def test_a_crash_loop_keeps_systemds_start_limit():
+    """Restarts that are not followed by healthy_reset_s of serving leave systemd's start limit alone."""
+    c = cfg()
+    state = healthy_state(c)
+    state, done = run(c, [ok_obs(n_restarts=1, exit_status=69)] + [ok_obs(n_restarts=1)] * 12, start=5.0,
+                      state=state)  # fmt: skip
+    assert not [a for _t, a in done if a["do"] == "reset-start-limit"]
 
 
 def test_without_the_reset_the_fourth_healed_fault_gives_up():
