@@ -13,8 +13,13 @@ Needs both labs converged and serving (the nodes of molecule/cluster_container a
 
     molecule converge -s cluster_container && molecule converge -s cluster
     .venv/bin/python benchmarks/fault_table.py --repeat 3 --json faults.json
-    molecule cleanup -s cluster && molecule destroy -s cluster
-    molecule cleanup -s cluster_container && molecule destroy -s cluster_container
+    molecule cleanup -s cluster_container    # the machine's own vm.* values back (this lab changed them first)
+    docker rm -f cluster-ai1 cluster-ai2 cluster-ctr-ai1 cluster-ctr-ai2
+    molecule reset -s cluster && molecule reset -s cluster_container
+
+Both labs' first nodes set the same vm.* values on the one kernel; only the lab converged first
+recorded the machine's own values, so molecule/cluster's cleanup (and `molecule destroy`, which runs
+the cleanup again) fails there, finding no record: remove its nodes with docker instead.
 
 Each fault is one of molecule/cluster's drill scripts (engine.sh, watchdog.sh: the same code the
 Molecule scenarios run, pointed at the lab's nodes by UMA_CLUSTER_NODES and UMA_CLUSTER_RUNTIME),
