@@ -156,7 +156,7 @@ def cell(runs: List[Dict[str, object]], key: str) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--container", nargs=2, default=["cluster-ctr-ai1", "cluster-ctr-ai2"], metavar="NODE")
     p.add_argument("--native", nargs=2, default=["cluster-ai1", "cluster-ai2"], metavar="NODE")
