@@ -112,7 +112,7 @@ def heal(nodes: List[str]) -> bool:
 
 
 def drill(fault: str, runtime: str, nodes: List[str], timeout: float) -> Dict[str, object]:
-    (script, *args), _ = FAULTS[fault]
+    script, *args = FAULTS[fault][0]
     env = dict(os.environ, UMA_CLUSTER_NODES=" ".join(nodes), UMA_CLUSTER_RUNTIME=runtime)
     run: Dict[str, object] = {"fault": fault, "runtime": runtime, "nodes": nodes,
                               "started_utc": time.strftime("%H:%M:%S", time.gmtime())}  # fmt: skip
@@ -130,7 +130,7 @@ def drill(fault: str, runtime: str, nodes: List[str], timeout: float) -> Dict[st
         out, rc = out if isinstance(out, str) else out.decode(errors="replace"), "timeout %.0f s" % timeout
     lines = [m.groups() for m in map(LINE.match, out.splitlines()) if m]
     if rc == 0 and lines and fresh.returncode == 0:
-        _, _, detected, recovered = lines[-1]
+        detected, recovered = lines[-1][2:]
         run.update(detected_s=float(detected), recovered_s=float(recovered))
     else:
         run["error"] = "exit %s: %s" % (rc, " | ".join(out.strip().splitlines()[-6:]))
