@@ -5,6 +5,7 @@ containers from the lab image."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,19 @@ def wait_systemd(name: str, seconds: float = 60.0) -> str:
             break
         time.sleep(0.5)
     return state
+
+
+# the lab's API key (inventories/lab/group_vars/spark.yml), not a secret, and the lab engine tp2's port
+LAB_KEY = "uma-lab-key-not-secret"
+LAB_PORT = 8100
+
+
+def lab_completion_ok(node: str, max_tokens: int, curl_timeout_s: int, exec_timeout_s: float) -> bool:
+    """A ``max_tokens`` completion of the lab model answered 200 through ``node`` (rank 0), curl bounded
+    by ``curl_timeout_s``, the docker exec by ``exec_timeout_s`` (past it: subprocess.TimeoutExpired)."""
+    body = json.dumps({"model": "/models/tiny-1g", "prompt": "hello", "max_tokens": max_tokens})
+    argv = ["docker", "exec", node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", str(curl_timeout_s),
+            "-H", "Authorization: Bearer %s" % LAB_KEY, "-H", "Content-Type: application/json",
+            "-d", body, "http://127.0.0.1:%d/v1/completions" % LAB_PORT]  # fmt: skip
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=exec_timeout_s, check=False).stdout
+    return out.strip() == "200"

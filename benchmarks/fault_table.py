@@ -49,10 +49,11 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from _lab import lab_completion_ok
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRILLS = os.path.join(os.path.dirname(HERE), "molecule", "cluster")
 UNIT = "uma-vllm@tp2.service"
-KEY = "uma-lab-key-not-secret"  # the lab's API key (inventories/lab/group_vars/spark.yml), not a secret
 LINE = re.compile(r"^UMA-DRILL fault=(\S+) runtime=(\S+) detected_s=(\S+) recovered_s=(\S+)$")
 
 # name -> (script, arguments; "{rank1}" is rank 1's node), runtimes it applies to
@@ -78,11 +79,7 @@ def dexec(node: str, *argv: str, timeout: float = 60) -> subprocess.CompletedPro
 
 
 def serving(node: str) -> bool:
-    body = json.dumps({"model": "/models/tiny-1g", "prompt": "hello", "max_tokens": 2})
-    out = dexec(node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "30",
-                "-H", "Authorization: Bearer %s" % KEY, "-H", "Content-Type: application/json",
-                "-d", body, "http://127.0.0.1:8100/v1/completions")  # fmt: skip
-    return out.stdout.strip() == "200"
+    return lab_completion_ok(node, max_tokens=2, curl_timeout_s=30, exec_timeout_s=60)
 
 
 def wait_serving(node: str, limit: float) -> bool:
@@ -136,9 +133,10 @@ def drill(fault: str, runtime: str, nodes: List[str], timeout: float) -> Dict[st
         run["error"] = "exit %s: %s" % (rc, " | ".join(out.strip().splitlines()[-6:]))
         if fresh.returncode != 0:
             run["error"] += " (watchdog.sh fresh: %s)" % (fresh.stdout + fresh.stderr).strip()[-300:]
-    if fault.startswith("systemctl-stop") or "error" in run:
-        # the engine is stopped after a stop drill, maybe broken after a failed one: start it again
-        run["restarted_by_hand"] = start_engine(nodes) if "error" not in run else heal(nodes)
+    if "error" in run:  # maybe broken: every process continued, both ranks stopped and started
+        run["restarted_by_hand"] = heal(nodes)
+    elif fault.startswith("systemctl-stop"):  # stopped on purpose: started again
+        run["restarted_by_hand"] = start_engine(nodes)
     return run
 
 

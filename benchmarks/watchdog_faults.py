@@ -25,7 +25,6 @@ Nothing here asserts: it prints measurements.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import subprocess
@@ -33,10 +32,11 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from _lab import LAB_PORT as PORT
+from _lab import lab_completion_ok
+
 UNIT = "uma-vllm@tp2.service"
 WATCHDOG = "uma-vllm-watchdog@tp2.service"
-KEY = "uma-lab-key-not-secret"  # the lab's API key (inventories/lab/group_vars/spark.yml), not a secret
-PORT = 8100
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 60) -> str:
@@ -55,13 +55,7 @@ def active(node: str) -> str:
 
 
 def completion(node: str) -> bool:
-    body = json.dumps({"model": "/models/tiny-1g", "prompt": "hello", "max_tokens": 1})
-    out = dexec(
-        node, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "10",
-        "-H", "Authorization: Bearer %s" % KEY, "-H", "Content-Type: application/json",
-        "-d", body, "http://127.0.0.1:%d/v1/completions" % PORT, check=False, timeout=20,
-    )  # fmt: skip
-    return out.strip() == "200"
+    return lab_completion_ok(node, max_tokens=1, curl_timeout_s=10, exec_timeout_s=20)
 
 
 def wait_serving(node: str, limit: float) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 import re
+import sys
 
 import pytest
 
@@ -19,7 +20,11 @@ DRILLS = ROOT / "molecule" / "cluster"
 def table():
     spec = importlib.util.spec_from_file_location("fault_table", ROOT / "benchmarks" / "fault_table.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # its `from _lab import ...`, as when run as a script
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
     return module
 
 
