@@ -2,7 +2,9 @@
 # The container runtime's lab images, built locally (no registry is reachable here), once:
 #
 #   uma-lab/node-docker:bookworm   the lab node (uma-lab/node:bookworm) plus Debian's docker.io:
-#                                  a real Docker engine INSIDE each lab node, as on a DGX Spark
+#                                  a real Docker engine INSIDE each lab node, as on a DGX Spark,
+#                                  and nftables (the role's cluster link firewall: these nodes
+#                                  have NET_ADMIN, so lab/runtime-container.yml turns it on)
 #   uma-lab/vllm-cpu:<version>     the engine image: the lab rootfs (.cache/lab/rootfs) plus the
 #                                  vLLM CPU venv (.cache/lab/vllm-venv) at /opt/vllm, the same
 #                                  parts as the native lab, loaded into each node's engine with
@@ -52,7 +54,7 @@ if [ "$(label "$node_image" uma.lab.fingerprint)" = "$node_fp" ]; then
   log "image $node_image is current ($node_fp)"
 else
   SECONDS=0
-  log "building $node_image: $base + docker.io"
+  log "building $node_image: $base + docker.io + nftables"
   tmp="uma-lab-build-node-docker-$$"
   docker rm -f "$tmp" >/dev/null 2>&1 || true
   # Without systemd running: the packages' postinst only enables the units (deb-systemd-invoke
@@ -63,7 +65,7 @@ else
   docker run --name "$tmp" "$base" /bin/sh -c "
     set -e
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends docker.io >/dev/null 2>/tmp/apt.err || { cat /tmp/apt.err; exit 1; }
+    apt-get install -y -qq --no-install-recommends docker.io nftables >/dev/null 2>/tmp/apt.err || { cat /tmp/apt.err; exit 1; }
     rm -rf /var/cache/apt/archives/*.deb
     mkdir -p /etc/docker
     echo '$daemon_json' >/etc/docker/daemon.json" >&2

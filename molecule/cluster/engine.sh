@@ -13,6 +13,15 @@
 #   engine.sh restart-docker R  systemctl restart docker on rank R's node under the running engine
 #   engine.sh reboot R        rank R's node shut down the way systemd expects (SIGRTMIN+3 to the lab
 #                             node's PID 1) and started again: the engine comes back whole by itself
+#   engine.sh strangers       (the cluster link firewall on, engine running) from a third container
+#                             every cluster port of either node is dropped and the API answers; from
+#                             rank 1's node they are not; a status request not signed with the
+#                             engine's key gets 401 and rank 0's watchdog names rank 1's address;
+#                             nothing restarted
+#   engine.sh forged-hello    (both ranks stopped) start rank 0 alone; while it waits, a stranger's
+#                             connection to its rank link is dropped and an unsigned hello + stop
+#                             from rank 1's node are refused and named; rank 0 keeps waiting, rank 1
+#                             starts and the engine serves within 180 s
 #
 # UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2) names the nodes and
 # UMA_CLUSTER_RUNTIME (default native) the runtime (molecule/cluster_container: container). `stop`
@@ -35,6 +44,17 @@ complete() {
 containers() { docker exec "$1" sh -c 'if command -v docker >/dev/null; then docker ps -aq | wc -l; else echo 0; fi'; }
 # a running engine's containers per node: one (the rank's) with the container runtime, none native
 expected_containers() { if [ "$runtime" = container ]; then echo 1; else echo 0; fi; }
+# after a fault: each node's unit state and engine containers said; exactly the expected containers
+# on every node (no orphan kept the name, none missing)
+containers_whole() {
+  local node count
+  for node in "${nodes[@]}"; do
+    count=$(containers "$node")
+    echo "$node: $(docker exec "$node" systemctl show -p ActiveState -p UnitFileState --value "$unit" | xargs)," \
+      "$count engine container(s)"
+    [ "$count" = "$(expected_containers)" ]
+  done
+}
 # each rank's systemd invocation (a new one: the rank's unit started again)
 invocations() {
   local node
@@ -89,7 +109,103 @@ state() {
   done
 }
 
+# the lab nodes' addresses on the Docker bridge (the engine's cluster addresses there)
+addr() { docker inspect -f '{{.NetworkSettings.IPAddress}}' "$1"; }
+here=$(cd "$(dirname "$0")" && pwd)
+# stranger.py ARGS... inside a lab node (NODE) or a throwaway third container on the same bridge (-)
+stranger() {
+  local where=$1
+  shift
+  if [ "$where" = - ]; then
+    docker run --rm -i --entrypoint python3 uma-lab/node:bookworm - "$@" <"$here/stranger.py"
+  else
+    docker exec -i "$where" python3 - "$@" <"$here/stranger.py"
+  fi
+}
+# the cluster ports of engine tp2, from the rules the role wrote on rank 0's node
+cluster_ports() {
+  docker exec "${nodes[0]}" awk '/# engine tp2:/ {getline; print; exit}' /etc/uma-vllm/firewall.nft |
+    sed -n 's/.*tcp dport { \([0-9, ]*\) }.*/\1/p' | tr -d ,
+}
+# the lab's tp2 uses the role's defaults: the rank link at master_port + 10, the watchdogs' status
+# at + 11 (plugins/module_utils/_vllm_service_firewall.py); each must be one of the rules' ports
+cluster_port() {
+  local all master port
+  all=$(cluster_ports)
+  master=${all%% *}
+  case "$1" in link) port=$((master + 10)) ;; status) port=$((master + 11)) ;; esac
+  grep -qw "$port" <<<"$all" || { echo "port $port ($1) is not in the rules' ports: $all" >&2; return 1; }
+  echo "$port"
+}
+journal_since() { docker exec "$1" journalctl --no-pager -o cat -u "$2" --since "@$3"; }
+
 case "${1:-}" in
+  strangers)
+    for node in "${nodes[@]}"; do
+      docker exec "$node" nft list table inet uma_vllm >/dev/null
+      docker exec "$node" systemctl is-active uma-vllm-firewall.service
+    done
+    read -r -a ports <<<"$(cluster_ports)"
+    [ "${#ports[@]}" -ge 4 ] || { echo "no cluster ports in rank 0's firewall.nft: ${ports[*]}"; exit 1; }
+    echo "cluster ports of tp2: ${ports[*]}"
+    a0=$(addr "${nodes[0]}")
+    a1=$(addr "${nodes[1]}")
+    healthy && complete
+    before=$(invocations)
+    since=$(date +%s)
+    targets=()
+    for port in "${ports[@]}"; do targets+=("$a0:$port" "$a1:$port"); done
+    seen=$(stranger - probe 3 "${targets[@]}" "$a0:8100")
+    echo "from a third container: $seen" | tr '\n' ' '; echo
+    [ "$(grep -c ' dropped$' <<<"$seen")" = "${#targets[@]}" ] || { echo "a cluster port answered a stranger"; exit 1; }
+    grep -qx "$a0:8100 open" <<<"$seen" || { echo "the API did not answer the stranger"; exit 1; }
+    peer=$(stranger "${nodes[1]}" probe 3 "${ports[@]/#/$a0:}")
+    echo "from rank 1's node: $peer" | tr '\n' ' '; echo
+    if grep -q ' dropped$' <<<"$peer"; then echo "rank 1's node was dropped"; exit 1; fi
+    # torch.distributed's store and the watchdog's status listen on rank 0 while the engine runs
+    [ "$(grep -c ' open$' <<<"$peer")" -ge 2 ] || { echo "fewer than two cluster ports open to rank 1"; exit 1; }
+    forged=$(stranger "${nodes[1]}" forge-status "$a0:$(cluster_port status)")
+    echo "$forged"
+    [ "$(grep -c '^status 401 ' <<<"$forged")" = 2 ] || { echo "a status request without the key was answered"; exit 1; }
+    sleep 1
+    named=$(journal_since "${nodes[0]}" uma-vllm-watchdog@tp2.service "$since" | grep "refused a status request" || true)
+    echo "rank 0's watchdog: $named"
+    grep -q "from $a1:" <<<"$named" || { echo "rank 0's watchdog did not name $a1"; exit 1; }
+    healthy && complete
+    [ "$before" = "$(invocations)" ] || { echo "a rank restarted: $before -> $(invocations)"; exit 1; }
+    echo "strangers: every cluster port dropped for a third container, open to rank 1; forged status refused and named; nothing restarted"
+    ;;
+  forged-hello)
+    a0=$(addr "${nodes[0]}")
+    a1=$(addr "${nodes[1]}")
+    link=$(cluster_port link)
+    since=$(date +%s)
+    docker exec "${nodes[0]}" systemctl start "$unit"
+    for _ in $(seq 1 60); do
+      journal_since "${nodes[0]}" "$unit" "$since" | grep -q 'waiting on port' && break
+      sleep 1
+    done
+    journal_since "${nodes[0]}" "$unit" "$since" | grep 'waiting on port'
+    seen=$(stranger - probe 3 "$a0:$link")
+    echo "a third container to rank 0's waiting rank link: $seen"
+    [ "$seen" = "$a0:$link dropped" ]
+    stranger "${nodes[1]}" forge-hello "$a0:$link"
+    sleep 1
+    named=$(journal_since "${nodes[0]}" "$unit" "$since" | grep "refused a hello as rank 1 of engine 'tp2' not signed" || true)
+    echo "rank 0: $named"
+    grep -q "from $a1:" <<<"$named" || { echo "rank 0 did not name $a1"; exit 1; }
+    [ "$(docker exec "${nodes[0]}" systemctl show -p ActiveState --value "$unit")" = active ]
+    start=$(now)
+    docker exec "${nodes[1]}" systemctl start "$unit"
+    for _ in $(seq 1 180); do
+      if healthy && complete; then
+        echo "healthy $(since "$start") s after rank 1 started; the forged hello and stop changed nothing"
+        exit 0
+      fi
+      sleep 1
+    done
+    exit 1
+    ;;
   stop)
     start=$(now)
     docker exec "$2" systemctl stop "$unit"
@@ -125,24 +241,17 @@ case "${1:-}" in
   kill-launcher)
     main=$(docker exec "${nodes[$2]}" systemctl show -p MainPID --value "$unit")
     fault "kill-launcher-rank$2" docker exec "${nodes[$2]}" kill -KILL "$main"
-    for node in "${nodes[@]}"; do
-      echo "$node: $(containers "$node") engine container(s)"
-      [ "$(containers "$node")" = "$(expected_containers)" ]
-    done
+    containers_whole
     ;;
   restart-docker)
     fault "restart-docker-rank$2" docker exec "${nodes[$2]}" systemctl restart docker.service
     ;;
   reboot)
     fault "reboot-rank$2" reboot_node "${nodes[$2]}"
-    for node in "${nodes[@]}"; do
-      echo "$node: $(docker exec "$node" systemctl show -p ActiveState -p UnitFileState --value "$unit" | xargs)," \
-        "$(containers "$node") engine container(s)"
-      [ "$(containers "$node")" = "$(expected_containers)" ]
-    done
+    containers_whole
     ;;
   *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,28p' "$0" >&2
     exit 2
     ;;
 esac

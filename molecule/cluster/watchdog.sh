@@ -18,6 +18,12 @@
 #                             floors set just below MemAvailable: evicted while the hog lives, no OOM kill
 #   watchdog.sh fresh         a fresh restart window on both nodes: watchdogs restarted, the units'
 #                             start limit reset (the lab's faults follow each other within minutes)
+#   watchdog.sh healed-series [N] [GAP]  (the lab converged with a short
+#                             vllm_service_watchdog_healthy_reset_s, below GAP) N faults (default 5)
+#                             left to the rank link (SIGKILL of VLLM::Worker_TP1: exit 69, systemd's
+#                             Restart=), each healed and followed by GAP s (default 80) of serving:
+#                             more starts than the unit's StartLimitBurst, every one healed, each gap
+#                             ending with both watchdogs' budget-reset that cleared systemd's limit
 #   WD_FAULT_ONLY=1           (benchmarks) skip the checks, print only the times
 #   UMA_CLUSTER_NODES="RANK0_NODE RANK1_NODE" (default: cluster-ai1 cluster-ai2), UMA_CLUSTER_RUNTIME
 #                             (default native): the nodes and the runtime (molecule/cluster_container)
@@ -79,6 +85,34 @@ decided() { python3 -c 'import json,sys; e=json.loads(sys.stdin.readline()); pri
 case "${1:-}" in
   fresh)
     fresh
+    ;;
+  healed-series)
+    n=${2:-5}
+    gap=${3:-80}
+    wait_healthy_completion 120
+    fresh
+    burst=$(docker exec "$ai1" systemctl show -p StartLimitBurst --value "$unit")
+    echo "StartLimitBurst $burst per $(docker exec "$ai1" systemctl show -p StartLimitIntervalUSec --value "$unit")"
+    for i in $(seq 1 "$n"); do
+      t0=$(now)
+      docker exec "$ai2" pkill -KILL -f '^VLLM::Worker_TP1'
+      wait_for 60 has_event "$ai1" "$t0" systemd-restart || { echo "fault $i: the watchdog saw no systemd restart"; exit 1; }
+      if ! wait_healthy_completion 300; then
+        for node in "$ai1" "$ai2"; do
+          echo "$node: $(docker exec "$node" systemctl show -p ActiveState -p Result --value "$unit" | xargs)"
+        done
+        echo "fault $i: not healthy again"
+        exit 1
+      fi
+      echo "fault $i: healthy again (completion answered) in $(since "$t0") s"
+      sleep "$gap"
+      for node in "$ai1" "$ai2"; do
+        reset=$(events "$node" "$t0" budget-reset | grep "\"start_limit_reset\": \"$unit\"" | head -1)
+        [ -n "$reset" ] || { echo "fault $i: no budget-reset clearing systemd's start limit on $node"; exit 1; }
+        echo "fault $i: $node $(python3 -c 'import json,sys; e=json.loads(sys.stdin.readline()); print(e["reason"], e["evidence"])' <<<"$reset")"
+      done
+    done
+    echo "healed-series: $n faults (StartLimitBurst $burst), every one healed, each followed by a start-limit reset on both nodes"
     ;;
   wedge)
     wait_healthy_completion 120
@@ -287,7 +321,7 @@ open(sys.argv[2] + "/proc/meminfo.new", "w").writelines(out)' "$1" "$fake"
     [ "$oom1" = "$oom0" ]
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,29p' "$0" >&2
     exit 2
     ;;
 esac

@@ -124,8 +124,8 @@ def _lab_inventory(ctx):
          {"tensor_parallel_size": 2, "max_model_len": 65536, "max_num_seqs": 16}, plan),
         ("group_vars/spark.yml", ["vllm_service_engines", 0, "env"], None,
          {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}),
-        # the lab's nodes have no nft rights; the lab's slow CPU engine gets the lab's timeouts
-        ("group_vars/spark.yml", ["vllm_service_firewall"], None, False),
+        # the lab's slow CPU engine gets the lab's timeouts (the firewall stays on: these nodes have
+        # NET_ADMIN, and lab/runtime-container.yml's vllm_service_firewall is added below)
         ("group_vars/spark.yml", ["vllm_service_health_timeout_s"], None, 900),
         ("group_vars/spark.yml", ["vllm_service_peer_timeout_s"], None, 300),
     ]  # fmt: skip
