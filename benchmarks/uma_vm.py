@@ -280,6 +280,27 @@ def console_tail(lines=60):
         return []
 
 
+def reboot_guest(args):
+    subprocess.run(["bash", VM_SH, "down"], check=False, timeout=300)
+    subprocess.run(["bash", VM_SH, "up"], check=True, timeout=900)
+    setup(args)
+
+
+def guest_answers(tries=6, wait_s=10.0, run=None):
+    """True when a trivial command answers over ssh within ``tries`` attempts ``wait_s`` apart: before a
+    launch, so that a guest the launch before left unreachable (an OOM kill, thrashing) is charged to that
+    launch, not to the next configuration's."""
+    run = run or (lambda: ssh("true", timeout=30))
+    for attempt in range(tries):
+        try:
+            run()
+            return True
+        except (SystemExit, subprocess.TimeoutExpired):
+            if attempt + 1 < tries:
+                time.sleep(wait_s)
+    return False
+
+
 def launch_or_hang(args, cmd, config, index):
     """One launch; a guest that does not answer within --hang-s is a result too ("hung"), then rebooted."""
     try:
@@ -289,9 +310,7 @@ def launch_or_hang(args, cmd, config, index):
         why = ("no answer within %d s" % args.hang_s if isinstance(err, subprocess.TimeoutExpired)
                else "the ssh session failed: %s" % str(err)[-160:])  # fmt: skip
         print("launch %s %d: %s; rebooting the guest" % (config, index, why), flush=True)
-        subprocess.run(["bash", VM_SH, "down"], check=False, timeout=300)
-        subprocess.run(["bash", VM_SH, "up"], check=True, timeout=900)
-        setup(args)
+        reboot_guest(args)
         return {"config": config, "index": index, "healthy": False, "completion": False, "hung": True,
                 "healthy_s": None, "exit": None, "cached_peak_mib": 0, "facts": {}, "guard": None,
                 "errors": ["the guest did not answer: %s" % why], "kernel": [],
@@ -313,6 +332,12 @@ def host(args):
                 )
                 cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d --reserve-spark-kb %d" % (
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
+                if args.hang_s and results and not guest_answers():
+                    # the launch before left the guest unreachable after its result came back
+                    results[-1]["left_unreachable"] = True
+                    print("launch %s %d left the guest unreachable (no ssh answer for 60 s); rebooting it" % (
+                        results[-1]["config"], results[-1]["index"]), flush=True)  # fmt: skip
+                    reboot_guest(args)
                 if args.hang_s:
                     results.append(launch_or_hang(args, cmd, config, i + 1))
                 else:
@@ -373,6 +398,7 @@ def report(path):
         facts = [r["facts"] for r in rs]
         times = [r["healthy_s"] for r in rs if r["healthy_s"] is not None]
         hung = sum(1 for r in rs if r.get("hung"))
+        broke = sum(1 for r in rs if r.get("left_unreachable"))
         kv = [f.get("kv_alloc_s") for f in facts]
         stalls = [sum(v for k, v in r["vmstat"].items() if k.startswith("allocstall")) for r in rs]
         compact = [r["vmstat"]["compact_stall"] for r in rs]
@@ -381,7 +407,8 @@ def report(path):
         row_fmt = "| %s | %d/%d | %d/%d | %s (%s-%s) | %s | %s (%s) | %s | %s | %s | %d / %d | %d"
         row_fmt += " | %s / %s (%s; %s) | %d | %s |"
         print(row_fmt % (
-            config + (" (%d hung)" % hung if hung else ""), len(times), len(rs),
+            config + (" (%d hung)" % hung if hung else "") + (" (%d left it unreachable)" % broke if broke else ""),
+            len(times), len(rs),
             sum(1 for r in rs if r["completion"]), len(rs), _fmt(_median(times)),
             _fmt(min(times, default=None)), _fmt(max(times, default=None)),
             _fmt(_median([f.get("load_s") for f in facts])), _fmt(_median(kv)),
@@ -411,7 +438,9 @@ def main(argv=None):
     p.add_argument("--json", default="", help="also write the launches to this file")
     p.add_argument("--hang-s", type=int, default=0, metavar="S",
                    help="a launch whose guest does not answer within S s is recorded as hung, then the guest"
-                        " is rebooted (0: off, the ssh waits up to 900 s and a failure ends the run)")  # fmt: skip
+                        " is rebooted (0: off, the ssh waits up to 900 s and a failure ends the run); before each"
+                        " launch the guest must answer a trivial ssh command within 60 s, else the launch before"
+                        " is recorded as having left it unreachable and the guest is rebooted")  # fmt: skip
     p.add_argument("--report", default="", metavar="JSON", help="print the per-configuration table of a --json file")
     p.add_argument("--guest", choices=CONFIGS, help=argparse.SUPPRESS)
     p.add_argument("--reserve-spark-kb", type=int, default=0, help=argparse.SUPPRESS)
