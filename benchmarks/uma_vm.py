@@ -319,8 +319,9 @@ def launch_or_hang(args, cmd, config, index):
 
 def host(args):
     defaults = setup(args)
-    reserve = reserve_spark_kb()
-    print("guest defaults: %s; node_prep's reserve for a 121 GiB Spark: %d kB" % (defaults, reserve), flush=True)
+    reserve = int(reserve_spark_kb() * args.reserve_scale)
+    print("guest defaults: %s; node_prep's reserve for a 121 GiB Spark%s: %d kB" % (
+        defaults, " x %g" % args.reserve_scale if args.reserve_scale != 1 else "", reserve), flush=True)  # fmt: skip
     results = []
     try:
         for i in range(args.launches):
@@ -434,6 +435,8 @@ def main(argv=None):
     p.add_argument("--gmu", default="0.8", help="--gpu-memory-utilization (0.8)")
     p.add_argument("--kv", default="512M", help="--kv-cache-memory-bytes (512M)")
     p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
+    p.add_argument("--reserve-scale", type=float, default=1.0, metavar="X",
+                   help="r and k use node_prep's reserve times X (1: the rule as shipped; 0.5: half)")  # fmt: skip
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
     p.add_argument("--hang-s", type=int, default=0, metavar="S",
@@ -454,6 +457,9 @@ def main(argv=None):
     if args.launches < 1 or not set(args.configs.split(",")) <= set(CONFIGS):
         p.error("--launches must be >= 1 and --configs a list of %s; got %r, %r" % (
             ", ".join(CONFIGS), args.launches, args.configs))  # fmt: skip
+    if not 0 < args.reserve_scale <= 3:
+        p.error("--reserve-scale must be above 0 and at most 3 (a multiple of node_prep's reserve); got %g" % (
+            args.reserve_scale))  # fmt: skip
     if args.report:
         return report(args.report)
     return guest_launch(args) if args.guest else host(args)

@@ -66,3 +66,11 @@ def test_the_report_names_launches_that_left_the_guest_unreachable(uma_vm, tmp_p
     rows = {line.split(" |")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
     assert "| a" in rows and "| 2/2 | 2/2 |" in rows["| a"]
     assert "| r (1 hung) (1 left it unreachable)" in rows, rows
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "3.5", "nan"])
+def test_a_reserve_scale_outside_its_range_is_refused_naming_it(uma_vm, scale, capsys):
+    with pytest.raises(SystemExit) as err:
+        uma_vm.main(["--reserve-scale", scale, "--report", "/nonexistent.json"])
+    assert err.value.code == 2
+    assert "--reserve-scale must be above 0 and at most 3" in capsys.readouterr().err
