@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """What a stranger (or a node without the engine's key) sees of the cluster link (issue 19 item 7).
 
-Run INSIDE a lab container (stdlib only: ``docker exec -i NODE python3 - ARGS < stranger.py``):
+Run INSIDE a lab container with python3 (stdlib only: ``docker exec -i NODE python3 - ARGS < stranger.py``):
 
   stranger.py probe SECONDS ADDR:PORT...   connect to every ADDR:PORT at once; print one line each,
                                            "ADDR:PORT open|refused|dropped" (dropped: no answer at
