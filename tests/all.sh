@@ -85,7 +85,9 @@ stage_static() {
   bash tests/build_install.sh
 }
 
-stage_unit() { python -m pytest -q -p no:cacheprovider tests/unit; }
+# Two workers (pytest-xdist): the unit tests are CPU-bound and independent (each its own tmp_path);
+# on 2 cores this halves the stage (262 s -> ~150 s here).
+stage_unit() { python -m pytest -q -p no:cacheprovider -n 2 tests/unit; }
 
 stage_integration() { python -m pytest -q -p no:cacheprovider tests/integration; }
 

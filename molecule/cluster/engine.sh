@@ -12,9 +12,11 @@
 #                             then exactly one engine container per node (no orphan kept the name)
 #   engine.sh restart-docker R  systemctl restart docker on rank R's node under the running engine
 #   engine.sh reboot R        rank R's node shut down the way systemd expects (SIGRTMIN+3 to the lab
-#                             node's PID 1) and started again: the engine comes back whole by itself
+#                             node's PID 1) and started again: the engine comes back whole by itself,
+#                             with the node's cluster link firewall loaded again where it has one
 #   engine.sh strangers       (the cluster link firewall on, engine running) from a third container
-#                             every cluster port of either node is dropped and the API answers; from
+#                             every cluster port of either node, and every port the engine listens
+#                             on in its ephemeral range, is dropped and the API answers; from
 #                             rank 1's node they are not; a status request not signed with the
 #                             engine's key gets 401 and rank 0's watchdog names rank 1's address;
 #                             nothing restarted
@@ -138,6 +140,27 @@ cluster_port() {
   echo "$port"
 }
 journal_since() { docker exec "$1" journalctl --no-pager -o cat -u "$2" --since "@$3"; }
+# NODE: the TCP ports NODE listens on (any address or its own) inside its ephemeral range
+# (ip_local_port_range): NCCL/gloo's and torch's worker sockets of the running engine
+ephemeral_listeners() {
+  local range
+  range=$(docker exec "$1" cat /proc/sys/net/ipv4/ip_local_port_range)
+  docker exec "$1" ss -ltnH | awk -v low="${range%%[[:space:]]*}" -v high="${range##*[[:space:]]}" -v own="$(addr "$1")" '
+    { n = split($4, part, ":"); port = part[n]; host = substr($4, 1, length($4) - length(port) - 1)
+      if (port + 0 >= low + 0 && port + 0 <= high + 0 && (host == "0.0.0.0" || host == "*" || host == "[::]" || host == own)) print port }' |
+    sort -un
+}
+# NODE UNIT SINCE PATTERN [SECONDS]: the unit's journal lines since SINCE that match PATTERN,
+# waiting up to SECONDS (10) for them (nothing printed, status 1, if none came)
+journal_wait() {
+  local lines
+  for _ in $(seq 1 $((${5:-10} * 2))); do
+    lines=$(journal_since "$1" "$2" "$3" | grep -- "$4" || true)
+    [ -z "$lines" ] || { echo "$lines"; return 0; }
+    sleep 0.5
+  done
+  return 1
+}
 
 case "${1:-}" in
   strangers)
@@ -155,11 +178,18 @@ case "${1:-}" in
     since=$(date +%s)
     targets=()
     for port in "${ports[@]}"; do targets+=("$a0:$port" "$a1:$port"); done
+    # the running engine's worker sockets in each node's ephemeral range (vllm_service_firewall_ephemeral)
+    mapfile -t workers0 < <(ephemeral_listeners "${nodes[0]}")
+    mapfile -t workers1 < <(ephemeral_listeners "${nodes[1]}")
+    echo "listening in the ephemeral range: rank 0 ${workers0[*]:-none}; rank 1 ${workers1[*]:-none}"
+    [ "$((${#workers0[@]} + ${#workers1[@]}))" -gt 0 ] || { echo "no worker socket in either node's ephemeral range"; exit 1; }
+    for port in "${workers0[@]}"; do targets+=("$a0:$port"); done
+    for port in "${workers1[@]}"; do targets+=("$a1:$port"); done
     seen=$(stranger - probe 3 "${targets[@]}" "$a0:8100")
     echo "from a third container: $seen" | tr '\n' ' '; echo
     [ "$(grep -c ' dropped$' <<<"$seen")" = "${#targets[@]}" ] || { echo "a cluster port answered a stranger"; exit 1; }
     grep -qx "$a0:8100 open" <<<"$seen" || { echo "the API did not answer the stranger"; exit 1; }
-    peer=$(stranger "${nodes[1]}" probe 3 "${ports[@]/#/$a0:}")
+    peer=$(stranger "${nodes[1]}" probe 3 "${ports[@]/#/$a0:}" "${workers0[@]/#/$a0:}")
     echo "from rank 1's node: $peer" | tr '\n' ' '; echo
     if grep -q ' dropped$' <<<"$peer"; then echo "rank 1's node was dropped"; exit 1; fi
     # torch.distributed's store and the watchdog's status listen on rank 0 while the engine runs
@@ -167,8 +197,7 @@ case "${1:-}" in
     forged=$(stranger "${nodes[1]}" forge-status "$a0:$(cluster_port status)")
     echo "$forged"
     [ "$(grep -c '^status 401 ' <<<"$forged")" = 2 ] || { echo "a status request without the key was answered"; exit 1; }
-    sleep 1
-    named=$(journal_since "${nodes[0]}" uma-vllm-watchdog@tp2.service "$since" | grep "refused a status request" || true)
+    named=$(journal_wait "${nodes[0]}" uma-vllm-watchdog@tp2.service "$since" "refused a status request" || true)
     echo "rank 0's watchdog: $named"
     grep -q "from $a1:" <<<"$named" || { echo "rank 0's watchdog did not name $a1"; exit 1; }
     healthy && complete
@@ -181,17 +210,13 @@ case "${1:-}" in
     link=$(cluster_port link)
     since=$(date +%s)
     docker exec "${nodes[0]}" systemctl start "$unit"
-    for _ in $(seq 1 60); do
-      journal_since "${nodes[0]}" "$unit" "$since" | grep -q 'waiting on port' && break
-      sleep 1
-    done
-    journal_since "${nodes[0]}" "$unit" "$since" | grep 'waiting on port'
+    journal_wait "${nodes[0]}" "$unit" "$since" 'waiting on port' 60 ||
+      { echo "rank 0 did not say it waits on its rank link within 60 s"; exit 1; }
     seen=$(stranger - probe 3 "$a0:$link")
     echo "a third container to rank 0's waiting rank link: $seen"
     [ "$seen" = "$a0:$link dropped" ]
     stranger "${nodes[1]}" forge-hello "$a0:$link"
-    sleep 1
-    named=$(journal_since "${nodes[0]}" "$unit" "$since" | grep "refused a hello as rank 1 of engine 'tp2' not signed" || true)
+    named=$(journal_wait "${nodes[0]}" "$unit" "$since" "refused a hello as rank 1 of engine 'tp2' not signed" || true)
     echo "rank 0: $named"
     grep -q "from $a1:" <<<"$named" || { echo "rank 0 did not name $a1"; exit 1; }
     [ "$(docker exec "${nodes[0]}" systemctl show -p ActiveState --value "$unit")" = active ]
@@ -249,9 +274,15 @@ case "${1:-}" in
   reboot)
     fault "reboot-rank$2" reboot_node "${nodes[$2]}"
     containers_whole
+    # a node whose engine has the cluster link firewall gets its rules back at boot
+    if [ "$(docker exec "${nodes[$2]}" systemctl is-enabled uma-vllm-firewall.service 2>/dev/null || true)" = enabled ]; then
+      docker exec "${nodes[$2]}" nft list table inet uma_vllm >/dev/null ||
+        { echo "${nodes[$2]}: the firewall's table is not loaded after the reboot"; exit 1; }
+      echo "${nodes[$2]}: the firewall's table loaded again at boot"
+    fi
     ;;
   *)
-    sed -n '2,28p' "$0" >&2
+    sed -n '2,31p' "$0" >&2
     exit 2
     ;;
 esac

@@ -87,15 +87,26 @@ def forge_hello(target):
         print("sent %s, answer: %s" % (sorted(message), answer.decode(errors="replace").strip()[:300]))
 
 
+# the status request's signed data and headers of plugins/module_utils/_link_auth.py (this file runs
+# alone inside a lab node, so it cannot import it; tests/unit/test_lab_stranger.py pins the twins)
+STATUS_HEADERS = ("X-Uma-Nonce", "X-Uma-Time", "X-Uma-Mac")
+
+
+def status_request_data(nonce, when):
+    return ("uma-status-request|GET|/status|%s|%s" % (nonce, when)).encode()
+
+
+def signed_status_headers(key, nonce, when):
+    signature = hmac.new(key, status_request_data(nonce, when), hashlib.sha256).hexdigest()
+    return dict(zip(STATUS_HEADERS, (nonce, when, signature)))
+
+
 def forge_status(target):
     host, port = _target(target)
     nonce, when = os.urandom(8).hex(), "%.3f" % time.time()
-    # the request data of plugins/module_utils/_link_auth.py, signed with a key that is not the engine's
-    data = ("uma-status-request|GET|/status|%s|%s" % (nonce, when)).encode()
-    wrong = hmac.new(b"not this engine's key", data, hashlib.sha256)
     for name, headers in (
         ("without a MAC", {}),
-        ("with another key's MAC", {"X-Uma-Nonce": nonce, "X-Uma-Time": when, "X-Uma-Mac": wrong.hexdigest()}),
+        ("with another key's MAC", signed_status_headers(b"not this engine's key", nonce, when)),
     ):
         conn = http.client.HTTPConnection(host, port, timeout=5)
         conn.request("GET", "/status", headers=headers)

@@ -12,7 +12,12 @@ a TCP packet to one of an engine's ports from an address that is not one of the 
 cluster addresses (``uma_cluster_addr``) is dropped; loopback is never filtered. The table is
 replaced whole in one transaction (``nft -f``), so a run never leaves half a ruleset.
 
-Not covered (no fixed port): NCCL/gloo's ephemeral ports and Ray's worker ports.
+NCCL/gloo's sockets, torch's worker connections and Ray's worker ports have no fixed port: they
+listen on the node's ephemeral range (``net.ipv4.ip_local_port_range``). With ``ephemeral`` (that
+range, read from the node) one more rule drops NEW TCP connections to this range on this node's own
+cluster address from any address that is not one of its multi-node engines' nodes (all of them
+together: two engines that share a node must not drop each other's peers). Replies to the node's
+own connections are not new; other addresses of the node are not touched.
 Runs on the controller only (filter vllm_service_firewall_rules in plugins/filter/vllm_service.py).
 """
 
@@ -25,6 +30,7 @@ from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import Engi
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_hub_copy import COPY_PORT_OFFSET
 
 TABLE = "uma_vllm"
+PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 STATUS_PORT_OFFSET = 11  # the watchdogs' status port (plugins/module_utils/_vllm_service_watchdog.py)
 
 
@@ -83,18 +89,64 @@ def _family_rules(ports: str, v4: List[str], v6: List[str]) -> List[str]:
     return out
 
 
-def firewall_rules(engines: List[Dict[str, Any]], hostvars: Any, managed: str = "Managed by uma.vllm") -> str:
-    """The nft script for this host's started multi-node engines ('' when it has none)."""
+def ephemeral_range(text: Any) -> str:
+    """``LOW-HIGH`` from the text of the node's ``ip_local_port_range`` (refused when it is not two ports)."""
+    parts = str(text).split()
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        low, high = int(parts[0]), int(parts[1])
+        if 1 <= low <= high <= 65535:
+            return "%d-%d" % (low, high)
+    raise EngineModelError(
+        "vllm_service_firewall_ephemeral: this node's %s reads %r, not two port numbers (low high): the rule for "
+        "NCCL/gloo's and Ray's worker ports needs the range. Fix: set net.ipv4.ip_local_port_range to e.g. "
+        "'32768 60999', or set vllm_service_firewall_ephemeral: false." % (PORT_RANGE_FILE, str(text)[:80])
+    )
+
+
+def _ephemeral_rules(host: str, hostvars: Any, text: Any, v4: List[str], v6: List[str]) -> List[str]:
+    raw = _node_addr(hostvars, host)
+    try:
+        own = ipaddress.ip_address(str(raw).strip())
+    except ValueError:
+        raise EngineModelError(
+            "vllm_service_firewall_ephemeral: the cluster address of %s is %r, not an IP address. Fix: set "
+            "uma_cluster_addr of %s to its IP on the cluster link, or set vllm_service_firewall_ephemeral: false."
+            % (host, raw, host)
+        ) from None
+    ports = ephemeral_range(text)
+    family, match, allowed = ("ipv6", "ip6", v6) if own.version == 6 else ("ipv4", "ip", v4)
+    strangers = " %s saddr != { %s }" % (match, ", ".join(allowed)) if allowed else ""
+    return [
+        "    # NCCL/gloo's and Ray's worker ports: new connections to this node's ephemeral ports (cluster address)",
+        "    meta nfproto %s %s daddr %s tcp dport %s ct state new%s drop" % (family, match, own, ports, strangers),
+    ]
+
+
+def firewall_rules(
+    engines: List[Dict[str, Any]],
+    hostvars: Any,
+    managed: str = "Managed by uma.vllm",
+    host: Any = None,
+    ephemeral: Any = None,
+) -> str:
+    """The nft script for this host's started multi-node engines ('' when it has none); with ``host``
+    and ``ephemeral`` (the text of its ``ip_local_port_range``) also the rule for the ephemeral ports."""
     lines: List[str] = []
+    every_v4: List[str] = []
+    every_v6: List[str] = []
     for engine in engines or []:
         if not engine.get("cluster") or engine.get("state", "started") == "absent":
             continue
         v4, v6 = _addresses(engine, hostvars)
+        every_v4.extend(v4)
+        every_v6.extend(v6)
         ports = "{ %s }" % ", ".join(str(p) for p in engine_ports(engine))
         lines.append("    # engine %s: nodes %s" % (engine["name"], ", ".join(engine["cluster"]["nodes"])))
         lines.extend("    " + rule for rule in _family_rules(ports, v4, v6))
     if not lines:
         return ""
+    if host is not None and ephemeral is not None:
+        lines.extend(_ephemeral_rules(str(host), hostvars, ephemeral, sorted(set(every_v4)), sorted(set(every_v6))))
     head = [
         "#!/usr/sbin/nft -f",
         "# %s" % managed.replace("\n", " "),

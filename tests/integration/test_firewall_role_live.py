@@ -4,7 +4,8 @@ network namespace, never this machine's), the rules rendered by the role's own c
 (``_vllm_service_firewall.firewall_rules``) for a two-node engine of that node and a peer node.
 Proven: nftables installed, the rules validated (``nft -c``) and loaded by the unit; a second
 run changes nothing; from the peer node every cluster port answers, from a third node (a
-stranger) the cluster ports are dropped while the API stays open; no multi-node engine left:
+stranger) the cluster ports and a port of the node's ephemeral range are dropped while the API stays
+open and the node's own connection to the stranger gets its reply; no multi-node engine left:
 the table, the unit and the rules file are removed and the stranger reaches the port again.
 """
 
@@ -24,6 +25,7 @@ from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_fire
 PREFIX = "itest-fw-%d" % os.getpid()
 NODE, PEER, STRANGER = PREFIX + "-node", PREFIX + "-peer", PREFIX + "-stranger"
 API, MASTER, LINK, STATUS, COPY = 8000, 29501, 29511, 29512, 29513
+WORKER = 40000  # a port of the node's ephemeral range, where NCCL/gloo's and Ray's worker sockets listen
 
 
 def _docker(*args, check=True):
@@ -106,8 +108,12 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
         "cluster": {"nodes": ["node", "peer"], "master_port": MASTER, "link_port": LINK},
     }
     hostvars = {"node": {"uma_cluster_addr": nodes["node"]}, "peer": {"uma_cluster_addr": nodes["peer"]}}
-    rules = fw.firewall_rules([engine], hostvars)
+    port_range = _docker("exec", NODE, "cat", "/proc/sys/net/ipv4/ip_local_port_range").stdout
+    low, high = map(int, port_range.split())
+    assert low <= WORKER <= high, port_range
+    rules = fw.firewall_rules([engine], hostvars, "Managed by uma.vllm", "node", port_range)
     assert "tcp dport { %d, %d, %d, %d }" % (MASTER, LINK, STATUS, COPY) in rules
+    assert "ip daddr %s tcp dport %d-%d ct state new" % (nodes["node"], low, high) in rules
 
     first = _play(tmp_path, rules)
     assert first["changed"] > 0 and first["failures"] == 0
@@ -116,7 +122,7 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
     assert _docker("exec", NODE, "systemctl", "is-active", "uma-vllm-firewall.service").stdout.strip() == "active"
     assert "table inet uma_vllm" in _docker("exec", NODE, "nft", "list", "tables").stdout
 
-    for port in (API, MASTER, LINK, STATUS, COPY):
+    for port in (API, MASTER, LINK, STATUS, COPY, WORKER):
         _docker("exec", "-d", NODE, "python3", "-m", "http.server", str(port))
     for _attempt in range(20):
         if _reaches(PEER, nodes["node"], STATUS):
@@ -124,7 +130,7 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
         time.sleep(0.5)
     seen = {
         port: (_reaches(PEER, nodes["node"], port), _reaches(STRANGER, nodes["node"], port))
-        for port in (API, MASTER, LINK, STATUS, COPY)
+        for port in (API, MASTER, LINK, STATUS, COPY, WORKER)
     }
     # (peer reaches, stranger reaches): the API is for clients, the cluster ports for the engine's nodes
     assert seen == {
@@ -133,7 +139,12 @@ def test_the_role_closes_the_cluster_ports_to_strangers_and_removes_the_rules(no
         LINK: (True, False),
         STATUS: (True, False),
         COPY: (True, False),
+        WORKER: (True, False),
     }, seen
+    # the node's own connection to the stranger: the reply comes back to one of its ephemeral ports
+    _docker("exec", "-d", STRANGER, "python3", "-m", "http.server", "29000")
+    time.sleep(1)
+    assert _reaches(NODE, nodes["stranger"], 29000)
 
     removed = _play(tmp_path, "")
     assert removed["changed"] > 0

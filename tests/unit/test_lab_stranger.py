@@ -4,11 +4,15 @@ requests. The drill itself needs the container lab (molecule/cluster_container).
 
 from __future__ import annotations
 
+import http.client
+import importlib.util
 import pathlib
 import socket
 import subprocess
 import sys
+import time
 
+from ansible_collections.uma.vllm.plugins.module_utils import _link_auth as link_auth
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "molecule" / "cluster" / "stranger.py"
@@ -61,6 +65,32 @@ def test_the_watchdogs_status_server_refuses_both_forged_requests_and_names_the_
     # the first refusal is named (one line per peer address and interval), both are counted
     assert said and said[0].startswith("refused a status request without a MAC from 127.0.0.1:"), said
     assert server.refusals.count == 2
+
+
+def load_stranger():
+    spec = importlib.util.spec_from_file_location("lab_stranger", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_forged_status_request_is_signed_like_the_real_one():
+    # stranger.py writes the status request's MAC data and headers again (it runs alone in a lab node):
+    # with the engine's own key its request must be the real one, so only the key makes it a forgery
+    stranger = load_stranger()
+    assert stranger.STATUS_HEADERS == (link_auth.HEADER_NONCE, link_auth.HEADER_TIME, link_auth.HEADER_MAC)
+    assert stranger.status_request_data("n1", "12.500") == link_auth._request_data("GET", "/status", "n1", "12.500")
+    key = b"k" * 32
+    server = probes.StatusServer("127.0.0.1", 0, key=key, say=lambda line: None)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.request("GET", "/status", headers=stranger.signed_status_headers(key, "abcd", "%.3f" % time.time()))
+        status = conn.getresponse().status
+        conn.close()
+    finally:
+        server.close()
+    assert status == 200
+    assert server.refusals.count == 0
 
 
 def test_a_bad_command_line_exits_2_with_the_usage():

@@ -57,6 +57,54 @@ def test_a_node_without_an_ip_cluster_address_is_refused_with_the_fix(addr):
     assert "uma_cluster_addr of ai2" in str(err.value) and "vllm_service_firewall: false" in str(err.value)
 
 
+def test_the_ephemeral_range_is_closed_on_this_nodes_cluster_address_to_every_engines_strangers():
+    text = fw.firewall_rules(engines(), HOSTVARS, "M", "ai1", "32768\t60999\n")
+    rule = (
+        "meta nfproto ipv4 ip daddr 10.77.0.1 tcp dport 32768-60999 ct state new ip saddr != { 10.77.0.1, 10.77.0.2 }"
+        " drop"
+    )
+    assert rule in text
+    assert "ip daddr 10.77.0.2 tcp dport 32768-60999" in fw.firewall_rules(
+        engines("ai2"), HOSTVARS, "M", "ai2", "32768 60999"
+    )
+    # without the range (vllm_service_firewall_ephemeral: false) no such rule; nor for a node without engines
+    assert "ct state new" not in fw.firewall_rules(engines(), HOSTVARS, "M", "ai1", None)
+    assert fw.firewall_rules([], HOSTVARS, "M", "ai1", "32768 60999") == ""
+    # two engines that share ai1: one rule, every engine's nodes allowed (neither drops the other's peers)
+    hv = dict(HOSTVARS, ai3={"uma_cluster_addr": "10.77.0.3"})
+    both = vs.host_engines(
+        [{"name": "a", "nodes": ["ai1", "ai2"], "port": 8000, "model_path": "/m", "plan": {"tensor_parallel_size": 2}},
+         {"name": "b", "nodes": ["ai1", "ai3"], "port": 8001, "model_path": "/m", "master_port": 30501,
+          "plan": {"tensor_parallel_size": 2}}], "ai1", "mp")  # fmt: skip
+    text = fw.firewall_rules(both, hv, "M", "ai1", "40000 50000")
+    assert text.count("ct state new") == 1
+    assert (
+        "ip daddr 10.77.0.1 tcp dport 40000-50000 ct state new ip saddr != { 10.77.0.1, 10.77.0.2, 10.77.0.3 } drop"
+        in text
+    )
+    v6 = {"ai1": {"uma_cluster_addr": "fd00::1"}, "ai2": {"uma_cluster_addr": "fd00::2"}}
+    assert (
+        "meta nfproto ipv6 ip6 daddr fd00::1 tcp dport 32768-60999 ct state new ip6 saddr != { fd00::1, fd00::2 }"
+        in (fw.firewall_rules(engines(), v6, "M", "ai1", "32768 60999"))
+    )
+
+
+@pytest.mark.parametrize("text", ["", "60999", "a b", "0 100", "61000 32768", "32768 70000", "1 2 3", "-1 5"])
+def test_a_range_that_is_not_two_ports_is_refused_naming_the_file_and_the_fix(text):
+    with pytest.raises(EngineModelError) as err:
+        fw.firewall_rules(engines(), HOSTVARS, "M", "ai1", text)
+    message = str(err.value)
+    assert "/proc/sys/net/ipv4/ip_local_port_range" in message and repr(text) in message
+    assert "vllm_service_firewall_ephemeral: false" in message
+
+
+def test_this_nodes_own_address_must_be_an_ip_for_the_ephemeral_rule():
+    hv = {"ai1": {"uma_cluster_addr": "10.77.0.1"}, "ai2": {"uma_cluster_addr": "10.77.0.2"}, "ai9": {}}
+    with pytest.raises(EngineModelError) as err:
+        fw.firewall_rules(engines(), hv, "M", "ai9", "32768 60999")
+    assert "cluster address of ai9" in str(err.value) and "vllm_service_firewall_ephemeral: false" in str(err.value)
+
+
 # ---------------------------------------------------------------- the real nft, in a private namespace
 
 NS_NODE, NS_OUT, VETH = "i19-hmac-fw-node", "i19-hmac-fw-out", "i19hfw"
@@ -64,7 +112,7 @@ PROBE = textwrap.dedent("""
     import json, socket, sys
     out = {}
     for source in sys.argv[1].split(","):
-        for port in (8000, 29501, 29511, 29512):
+        for port in map(int, sys.argv[2].split(",")):
             s = socket.socket()
             s.settimeout(1.0)
             s.bind((source, 0))
@@ -81,7 +129,7 @@ PROBE = textwrap.dedent("""
 """)
 LISTEN = textwrap.dedent("""
     import socket, threading, time
-    for port in (8000, 29501, 29511, 29512):
+    for port in (8000, 29501, 29511, 29512, 40000):
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("0.0.0.0", port))
@@ -126,9 +174,28 @@ def namespaces():
             sh("ip", "netns", "del", ns, check=False)
 
 
-def probe():
-    done = sh("ip", "netns", "exec", NS_OUT, sys.executable, "-c", PROBE, "10.77.0.2,10.77.0.3")
+def probe(ports="8000,29501,29511,29512"):
+    done = sh("ip", "netns", "exec", NS_OUT, sys.executable, "-c", PROBE, "10.77.0.2,10.77.0.3", ports)
     return json.loads(done.stdout)
+
+
+# the node's own connection out to a third address: its reply comes back to an ephemeral port (not new)
+OUTGOING = textwrap.dedent("""
+    import socket, sys
+    s = socket.create_connection(("10.77.0.3", 29000), timeout=2)
+    print(s.getsockname()[1], s.recv(16).decode())
+""")
+SERVE_ONCE = textwrap.dedent("""
+    import socket
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("10.77.0.3", 29000))
+    s.listen(1)
+    print("listening", flush=True)
+    c, _ = s.accept()
+    c.sendall(b"reply")
+    c.close()
+""")
 
 
 def test_the_rules_for_real_a_third_node_is_dropped_the_peer_and_the_api_are_not(namespaces, tmp_path):
@@ -148,3 +215,24 @@ def test_the_rules_for_real_a_third_node_is_dropped_the_peer_and_the_api_are_not
     }, after  # fmt: skip
     sh("ip", "netns", "exec", NS_NODE, "nft", "delete", "table", "inet", "uma_vllm")  # what state: absent runs
     assert set(probe().values()) == {"open"}
+
+
+def test_the_ephemeral_rule_for_real_strangers_dropped_the_peer_and_the_nodes_own_replies_not(namespaces, tmp_path):
+    assert set(probe("40000").values()) == {"open"}  # the check can fail: open without rules
+    rules = tmp_path / "firewall.nft"
+    rules.write_text(fw.firewall_rules(engines(), HOSTVARS, "M", "ai1", "32768 60999"))
+    sh("ip", "netns", "exec", NS_NODE, "nft", "-f", str(rules))
+    assert probe("8000,29501,40000") == {
+        "10.77.0.2:8000": "open", "10.77.0.2:29501": "open", "10.77.0.2:40000": "open",
+        "10.77.0.3:8000": "open", "10.77.0.3:29501": "dropped", "10.77.0.3:40000": "dropped",
+    }  # fmt: skip
+    server = subprocess.Popen(["ip", "netns", "exec", NS_OUT, sys.executable, "-c", SERVE_ONCE],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert server.stdout.readline().strip() == "listening"
+        out = sh("ip", "netns", "exec", NS_NODE, sys.executable, "-c", OUTGOING).stdout.split()
+    finally:
+        server.kill()
+        server.wait()
+    assert 32768 <= int(out[0]) <= 60999 and out[1] == "reply", out  # the stranger's reply reached the node
+    sh("ip", "netns", "exec", NS_NODE, "nft", "delete", "table", "inet", "uma_vllm")
