@@ -60,7 +60,9 @@ CONFIGS = ("a", "b", "r", "g", "k")
 GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
                "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
 SPARK_RAM = 121 * 1024**3
-GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s")
+GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s",
+              "cpu_user_s", "cpu_sys_s", "major_faults", "minor_faults", "sweeps", "file_checks", "triggers",
+              "residency_method")  # fmt: skip
 VMSTAT = ("allocstall_normal", "allocstall_movable", "allocstall_dma32", "compact_stall", "compact_fail", "oom_kill")
 KERNEL_WORDS = ("NVRM", "fakegb10", "oom-killer", "Out of memory", "Killed process")
 

@@ -28,6 +28,20 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def cpu_usage() -> Dict[str, Any]:
+    """Where the guard's CPU went: user and system seconds, and its page faults (a major fault is a
+    page read back from disk: the guard's own code or data evicted under memory pressure)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "cpu_user_s": round(usage.ru_utime, 3),
+        "cpu_sys_s": round(usage.ru_stime, 3),
+        "major_faults": int(usage.ru_majflt),
+        "minor_faults": int(usage.ru_minflt),
+    }
+
+
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 

@@ -338,6 +338,7 @@ class Guard:
             "baseline_unmapped_mib": _mib(base["unmapped"]),
             "peak_unmapped_growth_mib": _mib(self.peak_unmapped - base["unmapped"]),
             "cpu_seconds": round(_guard_status.cpu_seconds(), 3),
+            **_guard_status.cpu_usage(),
             "stop_reason": self.stop_reason,
             "triggers": dict(self.triggers),
             "config": dict(self.config),

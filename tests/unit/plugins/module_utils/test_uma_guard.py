@@ -713,6 +713,17 @@ def test_status_has_the_contract_keys(tmp_path):
     json.dumps(status)
 
 
+def test_status_says_where_the_cpu_went(tmp_path):
+    proc = _fake_proc(tmp_path)
+    guard = g.Guard(_config(proc, tmp_path, "--mode", "global"), Clock())
+    sum(i * i for i in range(300000))  # some user time of this process (the guard's, here)
+    status = guard.status("running")
+    assert status["cpu_user_s"] > 0 and status["cpu_sys_s"] >= 0
+    # the split adds up to the total (each rounded to the millisecond, read a moment apart)
+    assert status["cpu_user_s"] + status["cpu_sys_s"] == pytest.approx(status["cpu_seconds"], abs=0.05)
+    assert isinstance(status["major_faults"], int) and status["minor_faults"] > 0
+
+
 def test_run_stops_at_max_duration_and_writes_status(tmp_path):
     proc = _fake_proc(tmp_path)
     samples = tmp_path / "samples.jsonl"
