@@ -62,7 +62,7 @@ GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_r
 SPARK_RAM = 121 * 1024**3
 GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s",
               "cpu_user_s", "cpu_sys_s", "major_faults", "minor_faults", "sweeps", "file_checks", "triggers",
-              "residency_method")  # fmt: skip
+              "residency_method", "locked_kib", "lock_error")  # fmt: skip
 VMSTAT = ("allocstall_normal", "allocstall_movable", "allocstall_dma32", "compact_stall", "compact_fail", "oom_kill")
 KERNEL_WORDS = ("NVRM", "fakegb10", "oom-killer", "Out of memory", "Killed process")
 
@@ -161,7 +161,8 @@ def guest_launch(args):
         # --max-duration is the launcher's guard_max_duration
         guard = subprocess.Popen([
             sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--max-duration", "1800",
-            "--until-url", url + "/health", "--status-file", guard_status, "--paths", "/srv/model"],
+            "--until-url", url + "/health", "--status-file", guard_status, "--paths", "/srv/model"]
+            + (["--lock-memory"] if args.guard_lock_memory else []),
             stdin=subprocess.DEVNULL)  # fmt: skip
         while not os.path.exists(guard_status) and guard.poll() is None:  # as the launcher: the guard watches first
             time.sleep(0.05)
@@ -335,6 +336,8 @@ def host(args):
                 )
                 cmd += "--tp %d --rank %d --gmu %s --kv %s --allocator %s --timeout %d --reserve-spark-kb %d" % (
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
+                if args.guard_lock_memory:
+                    cmd += " --guard-lock-memory"
                 if args.hang_s and results and not guest_answers():
                     # the launch before left the guest unreachable after its result came back
                     results[-1]["left_unreachable"] = True
@@ -439,6 +442,8 @@ def main(argv=None):
     p.add_argument("--allocator", default="exact", help="the loader's --allocator (exact)")
     p.add_argument("--reserve-scale", type=float, default=1.0, metavar="X",
                    help="r and k use node_prep's reserve times X (1: the rule as shipped; 0.5: half)")  # fmt: skip
+    p.add_argument("--guard-lock-memory", action="store_true",
+                   help="g and k: the guard with --lock-memory (its own pages locked: mlockall ONFAULT)")  # fmt: skip
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
     p.add_argument("--hang-s", type=int, default=0, metavar="S",

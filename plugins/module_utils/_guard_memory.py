@@ -168,3 +168,35 @@ class AdaptivePolicy:
             else:
                 self.backoff = 0.0
                 self.not_before = 0.0
+
+
+MCL_CURRENT = 1
+MCL_ONFAULT = 4
+
+
+def lock_own_memory(status_path: str = "/proc/self/status") -> Tuple[Optional[int], Optional[str]]:
+    """mlockall(MCL_CURRENT | MCL_ONFAULT): the pages this process has touched stay in RAM.
+
+    Under memory pressure the kernel reclaims the guard's own code and data and the guard then
+    spends its CPU reading them back (seen in the VM lab: 9085 major faults, 21 s of system time
+    in one launch), just when it should act. ONFAULT locks only what is touched, so a large mapping
+    (the locale archive) is not read in whole; mappings made later (the mincore windows over the
+    checkpoint) are not locked. Returns (VmLck KiB, None) or (None, the reason it could not).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.mlockall(MCL_CURRENT | MCL_ONFAULT) != 0:
+            err = ctypes.get_errno()
+            return None, "mlockall: %s (needs CAP_IPC_LOCK or a larger RLIMIT_MEMLOCK)" % os.strerror(err)
+    except (ImportError, OSError, AttributeError) as exc:
+        return None, "mlockall: %s" % exc
+    try:
+        with open(status_path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("VmLck:"):
+                    return int(line.split()[1]), None
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0, None

@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--samples-file", metavar="PATH")
     p.add_argument("--proc-root", default="/proc", metavar="DIR")
     p.add_argument("--sysfs-root", default="/sys", metavar="DIR")
+    p.add_argument(
+        "--lock-memory",
+        action="store_true",
+        help="mlockall(MCL_CURRENT|MCL_ONFAULT) at start: the guard's own pages are not reclaimed under pressure",
+    )
     p.add_argument("--check-config", action="store_true", help="validate the options on this node, say so, exit 0/2")
     return p
 
@@ -152,10 +157,14 @@ def validate(ns: argparse.Namespace) -> Dict[str, Any]:
     """The effective configuration (GuardConfig's one validator), or UmaError naming the bad option."""
     values = dict(vars(ns))
     check = values.pop("check_config", False)
+    lock = bool(values.pop("lock_memory", False))
     config = _guard_config.GuardConfig(**values).validated(spell=_guard_config.cli)
     if check:  # --check-config: what the node must offer too (the PID, drop_caches, the samples directory)
         _guard_config.check_on_node(config, _guard_config.cli)
-    return dict(config.as_dict(), check_config=True) if check else config.as_dict()
+    result = dict(config.as_dict(), check_config=True) if check else config.as_dict()
+    if lock:
+        result["lock_memory"] = True
+    return result
 
 
 def parse_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
@@ -193,6 +202,8 @@ class Guard:
         self.started_at = _guard_status.utc_now()
         self.stopped_at: Optional[str] = None
         self.stop_reason: Optional[str] = None
+        self.locked_kib: Optional[int] = None  # --lock-memory: VmLck after mlockall
+        self.lock_error: Optional[str] = None
         self.ticks = 0
         self.evictions = 0
         self.evicted_bytes = 0
@@ -349,6 +360,9 @@ class Guard:
             result["file_checks"] = self.sweeper.checks
             result["residency_method"] = self.sweeper.residency.method
             result["warnings"] = list(self.sweeper.warnings)
+        if self.config.get("lock_memory"):
+            result["locked_kib"] = self.locked_kib
+            result["lock_error"] = self.lock_error
         if self.events is not None:
             result["inotify_watches"] = self.events.watched
             result["inotify_batches"] = self.events.events
@@ -414,6 +428,8 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
     last_pid = -1e9
     try:
         guard.preflight()
+        if config.get("lock_memory"):
+            guard.locked_kib, guard.lock_error = _guard_memory.lock_own_memory()
         guard.writer = _guard_status.Writer(status_file, config.get("samples_file"))
         pid_watch = _guard_watch.PidWatch(config["until_pid"], config["proc_root"]) if config.get("until_pid") else None
         if config.get("until_url"):

@@ -791,3 +791,28 @@ def test_run_error_stop_without_meminfo(tmp_path):
     assert g.run(cfg) == 1
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["stop_reason"].startswith("error: cannot read memory figures")
+
+
+def test_lock_memory_is_off_unless_asked_and_says_what_it_locked(tmp_path, monkeypatch):
+    assert "lock_memory" not in g.parse_config(["--name", "x", "--mode", "global"])
+    cfg = g.parse_config(["--name", "x", "--mode", "global", "--lock-memory"])
+    assert cfg["lock_memory"] is True
+    proc = _fake_proc(tmp_path)
+    guard = g.Guard(dict(_config(proc, tmp_path, "--mode", "global"), lock_memory=True), Clock())
+    guard.locked_kib, guard.lock_error = 2048, None
+    status = guard.status("running")
+    assert status["locked_kib"] == 2048 and status["lock_error"] is None
+    assert "locked_kib" not in g.Guard(_config(proc, tmp_path, "--mode", "global"), Clock()).status("running")
+
+
+def test_lock_own_memory_reports_vmlck_or_why_not(tmp_path):
+    fake = tmp_path / "status"
+    fake.write_text("Name:\tpython3\nVmLck:\t    3072 kB\n")
+    locked, error = _guard_memory.lock_own_memory(str(fake))
+    if error is None:  # root with CAP_IPC_LOCK (or a large RLIMIT_MEMLOCK): locked, VmLck read
+        assert locked == 3072
+        import ctypes
+
+        assert ctypes.CDLL(None, use_errno=True).munlockall() == 0  # the test process is not left locked
+    else:  # refused: the reason names what is missing, nothing is claimed locked
+        assert locked is None and "mlockall" in error and "CAP_IPC_LOCK" in error
