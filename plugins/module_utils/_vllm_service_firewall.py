@@ -92,7 +92,7 @@ def _family_rules(ports: str, v4: List[str], v6: List[str]) -> List[str]:
 def ephemeral_range(text: Any) -> str:
     """``LOW-HIGH`` from the text of the node's ``ip_local_port_range`` (refused when it is not two ports)."""
     parts = str(text).split()
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
+    if len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts):
         low, high = int(parts[0]), int(parts[1])
         if 1 <= low <= high <= 65535:
             return "%d-%d" % (low, high)
@@ -103,7 +103,9 @@ def ephemeral_range(text: Any) -> str:
     )
 
 
-def _ephemeral_rules(host: str, hostvars: Any, text: Any, v4: List[str], v6: List[str]) -> List[str]:
+def _ephemeral_rules(
+    host: str, hostvars: Any, text: Any, v4: List[str], v6: List[str], api_ports: List[int]
+) -> List[str]:
     raw = _node_addr(hostvars, host)
     try:
         own = ipaddress.ip_address(str(raw).strip())
@@ -114,6 +116,11 @@ def _ephemeral_rules(host: str, hostvars: Any, text: Any, v4: List[str], v6: Lis
             % (host, raw, host)
         ) from None
     ports = ephemeral_range(text)
+    low, high = (int(p) for p in ports.split("-"))
+    # an engine's API port inside the range stays the API's (clients may come from anywhere)
+    apis = sorted({p for p in api_ports if low <= p <= high})
+    if apis:
+        ports += " tcp dport != { %s }" % ", ".join(str(p) for p in apis)
     family, match, allowed = ("ipv6", "ip6", v6) if own.version == 6 else ("ipv4", "ip", v4)
     strangers = " %s saddr != { %s }" % (match, ", ".join(allowed)) if allowed else ""
     return [
@@ -146,7 +153,15 @@ def firewall_rules(
     if not lines:
         return ""
     if host is not None and ephemeral is not None:
-        lines.extend(_ephemeral_rules(str(host), hostvars, ephemeral, sorted(set(every_v4)), sorted(set(every_v6))))
+        api_ports = []
+        for engine in engines or []:
+            try:
+                api_ports.append(int(engine.get("port")))
+            except (TypeError, ValueError):
+                pass
+        lines.extend(
+            _ephemeral_rules(str(host), hostvars, ephemeral, sorted(set(every_v4)), sorted(set(every_v6)), api_ports)
+        )
     head = [
         "#!/usr/sbin/nft -f",
         "# %s" % managed.replace("\n", " "),

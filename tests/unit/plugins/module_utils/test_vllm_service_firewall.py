@@ -89,7 +89,23 @@ def test_the_ephemeral_range_is_closed_on_this_nodes_cluster_address_to_every_en
     )
 
 
-@pytest.mark.parametrize("text", ["", "60999", "a b", "0 100", "61000 32768", "32768 70000", "1 2 3", "-1 5"])
+def test_an_api_port_inside_the_ephemeral_range_stays_open_to_clients():
+    tp2 = {
+        "name": "tp2",
+        "nodes": ["ai1", "ai2"],
+        "port": 40000,
+        "model_path": "/m",
+        "plan": {"tensor_parallel_size": 2},
+    }
+    solo = {"name": "solo", "port": 8001, "model_path": "/m"}
+    text = fw.firewall_rules(vs.host_engines([tp2, solo], "ai1", "mp"), HOSTVARS, "M", "ai1", "32768 60999")
+    assert "tcp dport 32768-60999 tcp dport != { 40000 } ct state new ip saddr" in text
+    assert "8001" not in text  # below the range: no exception needed
+
+
+@pytest.mark.parametrize(
+    "text", ["", "60999", "a b", "0 100", "61000 32768", "32768 70000", "1 2 3", "-1 5", "\uff13\uff12 60999"]
+)
 def test_a_range_that_is_not_two_ports_is_refused_naming_the_file_and_the_fix(text):
     with pytest.raises(EngineModelError) as err:
         fw.firewall_rules(engines(), HOSTVARS, "M", "ai1", text)
