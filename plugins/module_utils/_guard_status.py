@@ -21,20 +21,15 @@ except ImportError:  # pragma: no cover - node-side use without Ansible
     from _common import node_write, node_write_json, open_safe_dir  # type: ignore[no-redef]
 
 
-def cpu_seconds() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def cpu_usage() -> Dict[str, Any]:
-    """Where the guard's CPU went: user and system seconds, and its page faults (a major fault is a
-    page read back from disk: the guard's own code or data evicted under memory pressure)."""
+    """Where the guard's CPU went, from one reading: the total, user and system seconds, and its page
+    faults (a major fault is a page read back from disk: the guard's own code or data evicted under
+    memory pressure)."""
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return {
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
         "cpu_user_s": round(usage.ru_utime, 3),
         "cpu_sys_s": round(usage.ru_stime, 3),
         "major_faults": int(usage.ru_majflt),

@@ -59,19 +59,26 @@ def engine_ports(engine: Dict[str, Any]) -> List[int]:
     return sorted(ports)
 
 
+def _cluster_ip(hostvars: Any, host: str, who: str, opt_out: str, why: str = "") -> Any:
+    """The IP address of ``host`` on the cluster link, or EngineModelError naming ``who`` needs it (and
+    ``why``) and ``opt_out``, the variable that turns that rule off."""
+    raw = _node_addr(hostvars, host)
+    try:
+        return ipaddress.ip_address(str(raw).strip())
+    except ValueError:
+        raise EngineModelError(
+            "%s: the cluster address of %s is %r, not an IP address%s Fix: set uma_cluster_addr of %s to its IP on "
+            "the cluster link, or set %s: false." % (who, host, raw, why or ".", host, opt_out)
+        ) from None
+
+
 def _addresses(engine: Dict[str, Any], hostvars: Any) -> Tuple[List[str], List[str]]:
     v4: List[str] = []
     v6: List[str] = []
+    who = "vllm_service_firewall (engine %s)" % engine["name"]
+    why = ": the rules allow the engine's nodes by address."
     for node in engine["cluster"]["nodes"]:
-        raw = _node_addr(hostvars, node)
-        try:
-            addr = ipaddress.ip_address(str(raw).strip())
-        except ValueError:
-            raise EngineModelError(
-                "vllm_service_firewall (engine %s): the cluster address of %s is %r, not an IP address: the rules "
-                "allow the engine's nodes by address. Fix: set uma_cluster_addr of %s to its IP on the cluster "
-                "link, or set vllm_service_firewall: false." % (engine["name"], node, raw, node)
-            ) from None
+        addr = _cluster_ip(hostvars, node, who, "vllm_service_firewall", why)
         (v6 if addr.version == 6 else v4).append(str(addr))
     return sorted(set(v4)), sorted(set(v6))
 
@@ -89,13 +96,13 @@ def _family_rules(ports: str, v4: List[str], v6: List[str]) -> List[str]:
     return out
 
 
-def ephemeral_range(text: Any) -> str:
-    """``LOW-HIGH`` from the text of the node's ``ip_local_port_range`` (refused when it is not two ports)."""
+def _port_range(text: Any) -> Tuple[int, int]:
+    """(low, high) from the text of the node's ``ip_local_port_range`` (refused when it is not two ports)."""
     parts = str(text).split()
     if len(parts) == 2 and all(p.isascii() and p.isdigit() for p in parts):
         low, high = int(parts[0]), int(parts[1])
         if 1 <= low <= high <= 65535:
-            return "%d-%d" % (low, high)
+            return low, high
     raise EngineModelError(
         "vllm_service_firewall_ephemeral: this node's %s reads %r, not two port numbers (low high): the rule for "
         "NCCL/gloo's and Ray's worker ports needs the range. Fix: set net.ipv4.ip_local_port_range to e.g. "
@@ -106,17 +113,9 @@ def ephemeral_range(text: Any) -> str:
 def _ephemeral_rules(
     host: str, hostvars: Any, text: Any, v4: List[str], v6: List[str], api_ports: List[int]
 ) -> List[str]:
-    raw = _node_addr(hostvars, host)
-    try:
-        own = ipaddress.ip_address(str(raw).strip())
-    except ValueError:
-        raise EngineModelError(
-            "vllm_service_firewall_ephemeral: the cluster address of %s is %r, not an IP address. Fix: set "
-            "uma_cluster_addr of %s to its IP on the cluster link, or set vllm_service_firewall_ephemeral: false."
-            % (host, raw, host)
-        ) from None
-    ports = ephemeral_range(text)
-    low, high = (int(p) for p in ports.split("-"))
+    own = _cluster_ip(hostvars, host, "vllm_service_firewall_ephemeral", "vllm_service_firewall_ephemeral")
+    low, high = _port_range(text)
+    ports = "%d-%d" % (low, high)
     # an engine's API port inside the range stays the API's (clients may come from anywhere)
     apis = sorted({p for p in api_ports if low <= p <= high})
     if apis:
