@@ -25,7 +25,13 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
      reserve, node_prep's vfs_cache_pressure 200, dirty_ratio 5, dirty_background_ratio 2,
      and g's guard (the launcher's readahead window is off by default, so none)
 
-  UMA_VM_LOCK=/work/heavy.lock lab/vm.sh up && lab/vm.sh module
+  c  the collection itself: ``ansible-playbook site.yml -i inventories/vm`` once (node_prep with the
+     reserve of r, launch_wrapper, vllm_service: the planner sizes the KV cache from the guest's
+     RAM, the reserve and the rank's weights from ``uma_loader.py --rank-bytes``), then each launch
+     is ``systemctl start uma-vllm@vm`` (the launcher's lock, eviction, admission, guard, then the
+     loader), its record read from the launcher; --kv and --gmu do not apply (the plan's are used)
+
+  lab/vm.sh up && lab/vm.sh module
   python3 benchmarks/uma_vm.py --launches 3
   lab/vm.sh down
 
@@ -56,7 +62,7 @@ KNOBS = {
     "dirty_background_ratio": "/proc/sys/vm/dirty_background_ratio",
     "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
 }
-CONFIGS = ("a", "b", "r", "g", "k")
+CONFIGS = ("a", "b", "r", "g", "k", "c")
 GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
                "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
 SPARK_RAM = 121 * 1024**3
@@ -115,9 +121,11 @@ def last_stamp():
     return float(lines[-1][1 : lines[-1].index("]")]) if lines else -1.0
 
 
-def knobs_for(config, defaults, reserve_spark_kb=0):
+def knobs_for(config, defaults, reserve_spark_kb=0, site=None):
     memtotal_kb = meminfo("MemTotal") // 1024
     scaled = reserve_spark_kb * memtotal_kb // (SPARK_RAM // 1024)
+    if config == "c":  # what node_prep set (read after site.yml), written again: other configurations change them
+        return dict(site or defaults)
     if config in ("a", "g"):
         return dict(defaults)
     if config == "r":
@@ -133,19 +141,125 @@ def knobs_for(config, defaults, reserve_spark_kb=0):
     }
 
 
+class DirectLaunch:
+    """a, b, r, g, k: the loader started here (and the guard beside it for g and k)."""
+
+    def __init__(self, args, url):
+        self.args, self.url = args, url
+        self.log_path = "/root/launch-%s-%d.log" % (args.guest, args.index)
+        self.guard, self.guard_status = None, "/root/guard-%s-%d.json" % (args.guest, args.index)
+        self.proc = None
+
+    def start(self):
+        args = self.args
+        cmd = [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
+               str(args.rank), "--gpu-memory-utilization", str(args.gmu), "--kv-cache-memory-bytes", args.kv,
+               "--port", str(args.port), "--host", "127.0.0.1", "--allocator", args.allocator]  # fmt: skip
+        if args.guest in ("g", "k"):
+            if os.path.exists(self.guard_status):
+                os.unlink(self.guard_status)
+            # the guard's own defaults (mode, interval, threshold), which the launcher passes on unchanged;
+            # --max-duration is the launcher's guard_max_duration
+            self.guard = subprocess.Popen([
+                sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--max-duration", "1800",
+                "--until-url", self.url + "/health", "--status-file", self.guard_status, "--paths", "/srv/model"]
+                + (["--lock-memory"] if args.guard_lock_memory else []),
+                stdin=subprocess.DEVNULL)  # fmt: skip
+            while not os.path.exists(self.guard_status) and self.guard.poll() is None:  # the guard watches first
+                time.sleep(0.05)
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, healthy=False):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        rc = self.proc.wait(timeout=60)
+        summary = None
+        if self.guard is not None:
+            if self.guard.poll() is None:
+                self.guard.terminate()
+            self.guard.wait(timeout=60)
+            try:
+                with open(self.guard_status, encoding="utf-8") as fh:
+                    st = json.load(fh)
+                summary = {k: st.get(k) for k in GUARD_KEYS}
+            except (OSError, ValueError) as err:
+                summary = {"error": str(err)}
+        with open(self.log_path, encoding="utf-8") as fh:
+            return rc, fh.read(), summary, {}
+
+
+class SiteLaunch:
+    """c: the engine site.yml installed (inventories/vm), started as systemd starts it: the launcher's lock,
+    eviction, admission, guard (as configured by the role), then the loader; its record read afterwards."""
+
+    UNIT = "uma-vllm@vm.service"
+    RECORD = "/var/lib/uma-vllm/launches/vm/latest/launch.json"
+
+    def __init__(self, args, url):
+        self.args, self.url, self.since = args, url, None
+        self.systemctl("stop")  # a guest rebooted after a hang starts the enabled engine itself
+        self.systemctl("reset-failed")
+
+    @staticmethod
+    def systemctl(*words):
+        return subprocess.run(["systemctl", *words, SiteLaunch.UNIT], capture_output=True, text=True, check=False)
+
+    def start(self):
+        self.since = time.time()
+        self.systemctl("start", "--no-block")
+
+    def alive(self):
+        state = self.systemctl("show", "-p", "ActiveState", "--value").stdout.strip()
+        return state in ("activating", "active", "reloading") or time.time() - self.since < 2
+
+    def record(self):
+        try:
+            with open(self.RECORD, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError) as err:
+            return {"error": str(err)}
+
+    def stop(self, healthy=False):
+        # the launcher polls /health once a second: a stop before it saw 200 would be its failed launch (its
+        # record is written at the end, so its own journal line is what says it saw 200)
+        journal = ["journalctl", "-u", self.UNIT, "-o", "cat", "--no-pager", "--since", "@%d" % int(self.since)]
+        deadline = time.monotonic() + 15
+        while healthy and time.monotonic() < deadline and "] engine-healthy " not in subprocess.run(
+                journal, capture_output=True, text=True, check=False).stdout:  # fmt: skip
+            time.sleep(0.3)
+        self.systemctl("stop")  # also cancels the restart systemd schedules after a failure
+        self.systemctl("reset-failed")
+        text = subprocess.run(journal, capture_output=True, text=True, check=False).stdout
+        record = self.record()
+        st = record.get("guard_status") or {}
+        summary = {k: st.get(k) for k in GUARD_KEYS} if st else None
+        keep = {k: record.get(k) for k in ("admission", "exit_code", "healthy_at", "failed_at", "kv_alloc_t",
+                                           "page_cache_peak_mib", "error")}  # fmt: skip
+        keep["plan_kv_bytes"] = (record.get("plan") or {}).get("kv_cache_bytes")
+        # what the engine's watchdog did meanwhile (site.yml runs one beside every started engine)
+        journal[2] = "uma-vllm-watchdog@vm.service"
+        lines = subprocess.run(journal, capture_output=True, text=True, check=False).stdout.splitlines()
+        acts = [ln.split("] ", 1)[-1].split(" evidence=", 1)[0] for ln in lines if ln.startswith("[uma-vllm-watchdog")]
+        keep["watchdog"] = {word: sum(1 for a in acts if a.startswith(word + ":"))
+                            for word in ("restart", "evict", "gave_up", "floor-while-starting")}  # fmt: skip
+        keep["watchdog"]["lines"] = [a[:160] for a in acts if not a.startswith(("evict:", "phase:"))][:6]
+        return record.get("exit_code"), text, summary, keep
+
+
 def guest_launch(args):
     defaults = json.loads(args.defaults)
-    knobs = knobs_for(args.guest, defaults, args.reserve_spark_kb)
+    knobs = knobs_for(args.guest, defaults, args.reserve_spark_kb, json.loads(args.site_knobs or "null"))
+    url = "http://127.0.0.1:%d" % args.port
+    launch = SiteLaunch(args, url) if args.guest == "c" else DirectLaunch(args, url)
     for name, value in knobs.items():
         write(KNOBS[name], value)
     subprocess.run(["sync"], check=False)
     write("/proc/sys/vm/drop_caches", 3)
     before, since = vmstat(), last_stamp()
-    url = "http://127.0.0.1:%d" % args.port
-    log_path = "/root/launch-%s-%d.log" % (args.guest, args.index)
-    cmd = [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
-           str(args.rank), "--gpu-memory-utilization", str(args.gmu), "--kv-cache-memory-bytes", args.kv,
-           "--port", str(args.port), "--host", "127.0.0.1", "--allocator", args.allocator]  # fmt: skip
     stop = threading.Event()
 
     def drop_loop():
@@ -153,25 +267,11 @@ def guest_launch(args):
             write("/proc/sys/vm/drop_caches", 3)
 
     t0 = time.monotonic()
-    guard, guard_status = None, "/root/guard-%s-%d.json" % (args.guest, args.index)
-    if args.guest in ("g", "k"):
-        if os.path.exists(guard_status):
-            os.unlink(guard_status)
-        # the guard's own defaults (mode, interval, threshold), which the launcher passes on unchanged;
-        # --max-duration is the launcher's guard_max_duration
-        guard = subprocess.Popen([
-            sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--max-duration", "1800",
-            "--until-url", url + "/health", "--status-file", guard_status, "--paths", "/srv/model"]
-            + (["--lock-memory"] if args.guard_lock_memory else []),
-            stdin=subprocess.DEVNULL)  # fmt: skip
-        while not os.path.exists(guard_status) and guard.poll() is None:  # as the launcher: the guard watches first
-            time.sleep(0.05)
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    launch.start()
     if args.guest == "b":
         threading.Thread(target=drop_loop, daemon=True).start()
     healthy_s, cached_peak, completion = None, 0, False
-    while time.monotonic() - t0 < args.timeout and proc.poll() is None:
+    while time.monotonic() - t0 < args.timeout and launch.alive():
         cached_peak = max(cached_peak, meminfo("Cached"))
         try:
             with urllib.request.urlopen(url + "/health", timeout=1) as resp:
@@ -189,35 +289,24 @@ def guest_launch(args):
                 completion = bool(json.loads(resp.read())["choices"])
         except (OSError, ValueError, KeyError):
             completion = False
-    if proc.poll() is None:
-        proc.terminate()
-    rc = proc.wait(timeout=60)
-    guard_summary = None
-    if guard is not None:
-        if guard.poll() is None:
-            guard.terminate()
-        guard.wait(timeout=60)
-        try:
-            with open(guard_status, encoding="utf-8") as fh:
-                st = json.load(fh)
-            guard_summary = {k: st.get(k) for k in GUARD_KEYS}
-        except (OSError, ValueError) as err:
-            guard_summary = {"error": str(err)}
+    rc, text, guard_summary, launcher = launch.stop(healthy_s is not None)
     after = vmstat()
-    with open(log_path, encoding="utf-8") as fh:
-        text = fh.read()
     facts = {}
     for line in text.splitlines():
-        if "stand-in facts: " in line:
+        # the loader's own line (the launcher's launch-failed line quotes the engine's tail, cut short)
+        if line.startswith("(") and "[uma_loader] stand-in facts: " in line:
             facts = json.loads(line.split("stand-in facts: ", 1)[1])
     errors = [ln.split("] ", 1)[-1][:200] for ln in text.splitlines() if " ERROR " in ln and "facts" not in ln]
     kernel = [ln for ln in kernel_lines(since) if any(w in ln for w in KERNEL_WORDS)]
-    print(json.dumps({
+    result = {
         "config": args.guest, "index": args.index, "healthy": healthy_s is not None, "completion": completion,
         "healthy_s": round(healthy_s, 1) if healthy_s is not None else None, "exit": rc,
         "cached_peak_mib": cached_peak >> 20, "facts": facts, "errors": errors, "kernel": kernel[:12],
         "vmstat": {k: after.get(k, 0) - before.get(k, 0) for k in VMSTAT}, "knobs": knobs, "guard": guard_summary,
-    }))  # fmt: skip
+    }  # fmt: skip
+    if launcher:
+        result["launcher"] = launcher
+    print(json.dumps(result))
     return 0
 
 
@@ -249,6 +338,18 @@ def setup(args):
             ssh("cat > /root/guard/%s" % name, stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
     ssh("dmesg -n 7")  # every kernel message to the serial console too: a guest that hangs keeps its log there
+    return guest_knobs()
+
+
+def guest_knobs():
+    """The guest's knobs now, with node_prep's saved originals where a site.yml run (c) left its values: the
+    defaults of a, r, g and k are the guest's own, also after an interrupted c."""
+    saved = ssh("cat /var/lib/uma-vllm/sysctl-original.json 2>/dev/null || echo '{}'")
+    originals = {k.split(".", 1)[1]: int(v) for k, v in json.loads(saved).items() if k.split(".", 1)[1] in KNOBS}
+    return dict(_live_knobs(), **originals)
+
+
+def _live_knobs():
     return json.loads(ssh("python3 -c 'import json; print(json.dumps({k: int(open(p).read()) for k, p in %s.items()}))'"
                           % json.dumps(KNOBS)))  # fmt: skip
 
@@ -320,13 +421,64 @@ def launch_or_hang(args, cmd, config, index):
                 "vmstat": {k: 0 for k in VMSTAT}, "console": console}  # fmt: skip
 
 
+def site_yml(args, reserve):
+    """c: site.yml on inventories/vm (node_prep, launch_wrapper, vllm_service: the planner sizes the KV cache),
+    once; the engine it started is stopped again, so that every measured launch is a cold one."""
+    weights = json.loads(ssh("python3 /root/uma_loader.py /srv/model --as-rank %d:%d --allocator %s --rank-bytes" % (
+        args.tp, args.rank, args.allocator)))["weight_driver_bytes"]  # fmt: skip
+    memtotal_kb = int(ssh("awk '/^MemTotal:/ {print $2}' /proc/meminfo"))
+    min_free = reserve * memtotal_kb // (SPARK_RAM // 1024)  # as r and k: the Spark's rule scaled to the guest
+    env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
+    cmd = ["ansible-playbook", os.path.join(ROOT, "site.yml"), "-i", os.path.join(ROOT, "inventories", "vm"),
+           "-e", json.dumps({"uma_vm_weights_bytes": weights, "uma_min_free_kbytes": min_free})]  # fmt: skip
+    t0 = time.monotonic()
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    took = time.monotonic() - t0
+    if res.returncode != 0:
+        raise SystemExit("uma_vm.py: site.yml on inventories/vm failed (%d):\n%s" % (
+            res.returncode, "\n".join(res.stdout.splitlines()[-40:])))  # fmt: skip
+    plan = json.loads(ssh("cat /etc/uma-vllm/engines/vm.json"))["plan"]
+    ssh("systemctl stop %s" % SiteLaunch.UNIT)
+    knobs = _live_knobs()
+    recap = [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")]
+    site = {"seconds": round(took, 1), "recap": recap[-1:], "weights_bytes": weights, "min_free_kbytes": min_free,
+            "knobs": knobs}  # fmt: skip
+    site.update({k: plan.get(k) for k in ("kv_cache_bytes", "gpu_memory_utilization", "reserve_bytes",
+                                          "reserve_source", "requested_memory_bytes")})  # fmt: skip
+    said = recap[-1].split(":", 1)[1].strip() if recap else "no recap"
+    print("site.yml on the guest: %.0f s, %s; the plan: KV %d bytes (%.0f MiB), --gpu-memory-utilization %s, reserve"
+          " %s bytes; node_prep's knobs %s" % (took, said, site["kv_cache_bytes"], site["kv_cache_bytes"] / 2**20,
+                                               site["gpu_memory_utilization"], site["reserve_bytes"], knobs),
+          flush=True)  # fmt: skip
+    return site
+
+
+def site_restore(site):
+    """After c: playbooks/restore.yml puts the guest back as it was (the engine, its watchdog, the launcher and
+    node_prep's sysctls gone, the boot values back), so that later a/r/g/k runs on this disk image see no
+    engine starting at boot."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
+    cmd = ["ansible-playbook", os.path.join(ROOT, "playbooks", "restore.yml"), "-i", os.path.join(ROOT, "inventories",
+           "vm"), "-e", json.dumps({"uma_vm_weights_bytes": site.get("weights_bytes") or 1})]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    recap = [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")]
+    left = ssh("ls /etc/systemd/system | grep -c uma-vllm || true; cat /proc/sys/vm/min_free_kbytes").split()
+    out = {"rc": res.returncode, "recap": recap[-1:], "units_left": left[0] if left else None,
+           "min_free_kbytes_after": left[1] if len(left) > 1 else None}  # fmt: skip
+    print("restore.yml on the guest: %s" % json.dumps(out), flush=True)
+    return out
+
+
 def host(args):
     defaults = setup(args)
     reserve = int(reserve_spark_kb() * args.reserve_scale)
     print("guest defaults: %s; node_prep's reserve for a 121 GiB Spark%s: %d kB" % (
         defaults, " x %g" % args.reserve_scale if args.reserve_scale != 1 else "", reserve), flush=True)  # fmt: skip
+    site = {"weights_bytes": None} if "c" in args.configs.split(",") else None
     results = []
     try:
+        if site is not None:
+            site = site_yml(args, reserve)
         for i in range(args.launches):
             for config in args.configs.split(","):
                 cmd = "python3 /root/uma_vm.py --guest %s --index %d --defaults '%s' " % (
@@ -338,6 +490,8 @@ def host(args):
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
                 if args.guard_lock_memory:
                     cmd += " --guard-lock-memory"
+                if config == "c":
+                    cmd += " --site-knobs '%s'" % json.dumps(site["knobs"])
                 if args.hang_s and results and not guest_answers():
                     # the launch before left the guest unreachable after its result came back
                     results[-1]["left_unreachable"] = True
@@ -351,8 +505,12 @@ def host(args):
                 print("launch %s: %s" % (config, json.dumps(results[-1])), flush=True)
                 if args.json:  # after every launch: an interrupted experiment keeps what it measured
                     with open(args.json, "w", encoding="utf-8") as fh:
-                        json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "launches": results}, fh)
+                        json.dump(
+                            {"defaults": defaults, "reserve_spark_kb": reserve, "site": site, "launches": results}, fh
+                        )
     finally:
+        if site is not None:
+            site["restore"] = site_restore(site)
         try:
             restore = "python3 -c 'import json; [open(p, \"w\").write(str(v)) for p, v in zip(%s, %s)]'" % (
                 json.dumps(list(KNOBS.values())), json.dumps([defaults[k] for k in KNOBS]))  # fmt: skip
@@ -371,7 +529,8 @@ def host(args):
             max(times, default="-")))  # fmt: skip
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "launches": results}, fh, indent=1)
+            json.dump({"defaults": defaults, "reserve_spark_kb": reserve, "site": site, "launches": results}, fh,
+                      indent=1)  # fmt: skip
     return 0
 
 
@@ -428,7 +587,45 @@ def report(path):
             "%s / %s" % (_fmt(_median([g.get("cpu_seconds") for g in guard])), _fmt(_median(
                 [(g.get("evicted_bytes") or 0) / 2**20 if g else None for g in guard]), "%.0f")) if any(guard) else "-",
         ))  # fmt: skip
+    site_report(data)
     return 0
+
+
+def site_report(data):
+    """c: what site.yml planned, and what the launcher and the engine's watchdog did in each launch."""
+    site = data.get("site")
+    cs = [r for r in data["launches"] if r["config"] == "c"]
+    if not site or not cs:
+        return
+    print("\nsite.yml: %s s, %s; plan: KV %s bytes (%.0f MiB), --gpu-memory-utilization %s, reserve %s bytes"
+          " (%s); node_prep's knobs %s; restore.yml: %s" % (
+              site.get("seconds"), " ".join(site.get("recap") or []), site.get("kv_cache_bytes"),
+              (site.get("kv_cache_bytes") or 0) / 2**20, site.get("gpu_memory_utilization"), site.get("reserve_bytes"),
+              site.get("reserve_source"), site.get("knobs"), site.get("restore")))  # fmt: skip
+    launcher = [r.get("launcher") or {} for r in cs]
+    dog = [x.get("watchdog") or {} for x in launcher]
+    adm = [x.get("admission") or {} for x in launcher]
+    guard = [r.get("guard") or {} for r in cs]
+    avail = _median([(a.get("mem_available_bytes") or 0) >> 20 or None for a in adm])
+    need = _median([(a.get("need_bytes") or 0) >> 20 or None for a in adm])
+    faults = [g.get("major_faults") for g in guard]
+    rows = [
+        ("the launcher saw /health 200 (its record's healthy_at)", sum(1 for x in launcher if x.get("healthy_at"))),
+        ("admitted by the launcher (MemAvailable >= the plan's request)", sum(1 for a in adm if a.get("admitted"))),
+        ("watchdog restarts", sum(d.get("restart", 0) for d in dog)),
+        ("watchdog floor-while-starting notes", sum(d.get("floor-while-starting", 0) for d in dog)),
+        ("watchdog evictions (warning floor)", sum(d.get("evict", 0) for d in dog)),
+        ("watchdog gave up", sum(d.get("gave_up", 0) for d in dog)),
+    ]
+    print("| c: through the collection | value |")
+    print("|---|---|")
+    for name, count in rows:
+        print("| %s | %d of %d |" % (name, count, len(cs)))
+    print("| MemAvailable at admission MiB, median / the plan's request MiB | %s / %s |" % (
+        _fmt(avail, "%.0f"), _fmt(need, "%.0f")))  # fmt: skip
+    print("| guard locked KiB, median / guard major faults, median (max) | %s / %s (%s) |" % (
+        _fmt(_median([g.get("locked_kib") for g in guard]), "%.0f"), _fmt(_median(faults), "%.0f"),
+        max((f or 0 for f in faults), default=0)))  # fmt: skip
 
 
 def main(argv=None):
@@ -457,6 +654,7 @@ def main(argv=None):
     p.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--defaults", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8000, help=argparse.SUPPRESS)
+    p.add_argument("--site-knobs", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.hang_s < 0 or (args.hang_s and args.hang_s <= args.timeout):
         p.error("--hang-s must be 0 (off) or longer than --timeout (%d s, the guest's own bound); got %d" % (

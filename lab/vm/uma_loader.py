@@ -178,6 +178,25 @@ def rank_ranges(name: str, shape: List[int], itemsize: int, tp: int, rank: int) 
 # PyTorch's caching allocator: which driver allocations (segments) a set of tensors needs
 
 
+def rank_parts(
+    shards: List[Tuple[str, Dict[str, Dict[str, Any]]]], tp: int, rank: int
+) -> List[Tuple[str, int, List[Tuple[int, int]]]]:
+    """This rank's part of every tensor: (shard path, tensor start, [(offset, length)]), in file order."""
+    parts = []
+    for path, tensors in shards:
+        for name, t in tensors.items():
+            ranges = rank_ranges(name, t["shape"], DTYPE_SIZES[t["dtype"]], tp, rank)
+            if ranges:
+                parts.append((path, t["start"], ranges))
+    return parts
+
+
+def rank_sizes(model_dir: str, tp: int, rank: int, allocator: str) -> Tuple[List[int], List[int]]:
+    """This rank's bytes per tensor and the driver allocations they become (load_model's plan)."""
+    sizes = [sum(n for _o, n in ranges) for _p, _s, ranges in rank_parts(read_headers(model_dir), tp, rank)]
+    return sizes, plan_segments(sizes, allocator)[0]
+
+
 def segment_size(nbytes: int) -> int:
     """CUDACachingAllocator get_allocation_size."""
     if nbytes <= K_SMALL_SIZE:
@@ -286,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", "-tp", default="1", help="ranks the model is split over (1)")
     p.add_argument("--rank", default="0", help="this rank, 0 .. tensor-parallel-size - 1 (0)")
     p.add_argument("--gpu-memory-utilization", default="0.9", help="fraction of total memory requested (0.9)")
-    p.add_argument("--kv-cache-memory-bytes", required=True, help="KV cache size in bytes (e.g. 256M)")
+    p.add_argument("--kv-cache-memory-bytes", help="KV cache size in bytes (e.g. 256M); required")
     p.add_argument("--port", default="8000", help="HTTP port (8000)")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (0.0.0.0)")
     p.add_argument("--max-model-len", default=None, help="tokens per request (config.json's max_position_embeddings)")
@@ -300,6 +319,18 @@ def build_parser() -> argparse.ArgumentParser:
         "real model's, e.g. the VM's 16 MiB padding tensors, 8 MiB per rank at TP=2)",
     )
     p.add_argument("--driver", default="fakegb10", help="fakegb10 (default) or file:PATH (tests: a plain file)")
+    p.add_argument(
+        "--as-rank",
+        default=None,
+        metavar="TP:RANK",
+        help="load as rank RANK of a TP-rank engine whatever --tensor-parallel-size says: the VM is one node, and "
+        "the collection plans it as a one-rank engine told this rank's part (plan weights_bytes; --rank-bytes)",
+    )
+    p.add_argument(
+        "--rank-bytes",
+        action="store_true",
+        help="print this rank's driver bytes for the weights as JSON (nothing allocated, no server) and exit",
+    )
     return p
 
 
@@ -315,10 +346,23 @@ def _int(option: str, value: str, low: int, high: Optional[int], fix: str) -> in
 
 def parse_options(argv: List[str]) -> argparse.Namespace:
     """argparse plus the checks vLLM makes; OptionError names the option, the value and the fix."""
-    args = build_parser().parse_args(argv)
+    # vLLM's flags this stand-in does not model (--max-num-seqs 4, --enforce-eager ...: what the planner adds) are
+    # accepted and listed in the log, as a real engine would take them; only a bad value of a modelled one fails
+    args, ignored = build_parser().parse_known_args(argv)
+    args.ignored = ignored
     args.tensor_parallel_size = _int("--tensor-parallel-size", args.tensor_parallel_size, 1, None, "give e.g. 2")
     args.rank = _int("--rank", args.rank, 0, None, "give 0 for the first rank")
+    if args.as_rank is not None:
+        match = re.match(r"^([0-9]+):([0-9]+)$", str(args.as_rank))
+        if not match or int(match.group(1)) < 1:
+            raise OptionError(
+                "--as-rank %r is not TP:RANK; give e.g. 2:0 for rank 0 of a two-rank engine" % args.as_rank
+            )
+        args.tensor_parallel_size, args.rank = int(match.group(1)), int(match.group(2))
     if args.rank >= args.tensor_parallel_size:
+        if args.as_rank is not None:
+            raise OptionError("--as-rank %r: rank %d is not below %d; give e.g. 2:0" % (
+                args.as_rank, args.rank, args.tensor_parallel_size))  # fmt: skip
         raise OptionError(
             "--rank %d is not below --tensor-parallel-size %d; ranks are 0..%d"
             % (args.rank, args.tensor_parallel_size, args.tensor_parallel_size - 1)
@@ -332,6 +376,13 @@ def parse_options(argv: List[str]) -> argparse.Namespace:
             "--gpu-memory-utilization %r is not in (0, 1]; give a fraction such as 0.8" % args.gpu_memory_utilization
         )
     args.gpu_memory_utilization = gmu
+    if args.kv_cache_memory_bytes is None:
+        if args.rank_bytes:
+            args.kv_cache_memory_bytes = 0  # not used: nothing is allocated
+            return args
+        raise OptionError(
+            "--kv-cache-memory-bytes is required (vLLM on a GB10 rank: the planner's KV budget); give e.g. 256M"
+        )
     args.kv_cache_memory_bytes = human_readable_int("--kv-cache-memory-bytes", args.kv_cache_memory_bytes)
     if args.kv_cache_memory_bytes <= 0:
         raise OptionError("--kv-cache-memory-bytes 0 allocates no KV cache; give e.g. 256M")
@@ -440,14 +491,9 @@ class Engine:
         t0 = time.monotonic()
         tp, rank = self.args.tensor_parallel_size, self.args.rank
         shards = self.shards
-        plan = []  # (shard path, tensor start, [(offset, length)], dest index)
-        sizes = []
-        for path, tensors in shards:
-            for name, t in tensors.items():
-                ranges = rank_ranges(name, t["shape"], DTYPE_SIZES[t["dtype"]], tp, rank)
-                if ranges:
-                    plan.append((path, t["start"], ranges, len(sizes)))
-                    sizes.append(sum(n for _o, n in ranges))
+        # (shard path, tensor start, [(offset, length)], dest index)
+        plan = [(path, start, ranges, i) for i, (path, start, ranges) in enumerate(rank_parts(self.shards, tp, rank))]
+        sizes = [sum(n for _o, n in ranges) for _p, _s, ranges, _i in plan]
         segments, where = plan_segments(sizes, self.args.allocator)
         pages: Dict[int, int] = {}
         seg_maps = []
@@ -622,17 +668,34 @@ def make_handler(engine: Engine) -> type:
     return Handler
 
 
+def print_rank_bytes(args: argparse.Namespace) -> int:
+    """--rank-bytes: what the weights of this rank pin, for the planner's weights_bytes (uma_vm.py --configs c)."""
+    try:
+        sizes, segments = rank_sizes(args.model, args.tensor_parallel_size, args.rank, args.allocator)
+    except (OptionError, LoaderError, OSError) as exc:
+        sys.stderr.write("%s: error: %s\n" % (PROG, exc))
+        return 2
+    print(json.dumps({"tensor_parallel_size": args.tensor_parallel_size, "rank": args.rank,
+                      "allocator": args.allocator, "weights_bytes": sum(sizes),
+                      "weight_driver_bytes": sum(segments), "weight_segments": len(segments)}))  # fmt: skip
+    return 0
+
+
 def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/proc") -> int:
     log = Log()
     argv = sys.argv[1:] if argv is None else argv
-    if not {"-h", "--help"} & set(argv):
+    if not {"-h", "--help", "--rank-bytes"} & set(argv):
         log("api_server.py:1", STAND_IN)  # the first line, also before an option error
     try:
         args = parse_options(argv)
     except OptionError as exc:
         sys.stderr.write("%s: error: %s\n" % (PROG, exc))
         return 2
+    if args.rank_bytes:
+        return print_rank_bytes(args)
     log("utils.py:253", "stand-in args: %s" % json.dumps(dict(sorted(vars(args).items()))))
+    if args.ignored:
+        log("utils.py:253", "stand-in ignores (not modelled): %s" % " ".join(args.ignored))
     # vLLM's own record of its arguments (entrypoints/utils.py), a Python dict repr: what
     # oom_diagnose reads when no launch record names the flags
     vllm_names = ("model", "tensor_parallel_size", "gpu_memory_utilization", "kv_cache_memory_bytes", "max_model_len")

@@ -38,6 +38,8 @@ def module_source(mod: ModuleType) -> str:
             source = loader.get_source(mod.__name__)
         except (ImportError, OSError):
             source = None
+        if isinstance(source, bytes):  # ansible-core's collection loader on the controller gives bytes
+            source = source.decode("utf-8")
     if source is None:
         path = getattr(mod, "__file__", None)
         if path and path.endswith(".py"):

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional
 from ansible_collections.uma.vllm.plugins.module_utils import _paths
 from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS
+from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import NodeFile, files_fingerprint, module_source
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError, container_name
 from ansible_collections.uma.vllm.plugins.module_utils._vllm_service_files import link_key_file
 
@@ -86,6 +88,15 @@ def _number_or_none(option: str, value: Any) -> Any:
         return value  # the watchdog's validation names it
 
 
+def programs_fingerprint() -> str:
+    """The fingerprint uma.vllm.node_files reports for the node programs it installs (the same content and rule):
+    written into each watchdog's config, so that new programs change the config and the role restarts the
+    running watchdogs (a Python process keeps the code it started with)."""
+    files = [NodeFile(name=m.__name__.rpartition(".")[2] + ".py", path="", content=module_source(m), before=None)
+             for m in NODE_PROGRAMS]  # fmt: skip
+    return files_fingerprint(files)
+
+
 def base_config(
     name: str, engine: Dict[str, Any], item: Dict[str, Any], rank: int, settings: Dict[str, Any]
 ) -> Dict[str, Any]:
@@ -96,6 +107,7 @@ def base_config(
         "rank": rank,
         "state_dir": settings.get("state_dir") or _paths.STATE_DIR,
         "unified_memory": str(settings.get("unified_memory")).lower() in ("true", "yes", "1"),
+        "programs": programs_fingerprint(),
     }
     for key, option in OPTIONS.items():
         value = settings.get(key)

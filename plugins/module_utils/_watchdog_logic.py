@@ -111,6 +111,9 @@ DEFAULTS: Dict[str, Any] = {
     "cgroup_root": "/sys/fs/cgroup",
     "systemctl": "systemctl",
     "api_key_env": "VLLM_API_KEY",
+    # the node programs' fingerprint when the role wrote this config (uma.vllm.node_files' rule): new
+    # programs change the config, so the role restarts the watchdog (a running one keeps its old code)
+    "programs": None,
 }
 
 _POSITIVE = ("interval_s", "health_timeout_s", "probe_timeout_s", "busy_stall_s", "start_timeout_s", "peer_timeout_s",
@@ -220,8 +223,10 @@ def _check_rest(cfg: _D) -> None:
         ("api_key_env", _checks.ENV_NAME_RE.pattern),
         ("status_bind", r"\S+"),
         ("model", None),
+        ("programs", r"[0-9a-f]{16}"),
     ):
-        _checks.text(key, cfg[key], "Give e.g. %s." % (DEFAULTS[key] or "none"), form, optional=key == "model")
+        _checks.text(key, cfg[key], "Give e.g. %s." % (DEFAULTS[key] or "none"), form,
+                     optional=key in ("model", "programs"))  # fmt: skip
 
 
 def validate(raw: Any, source: str = "config") -> Dict[str, Any]:
@@ -526,8 +531,17 @@ def _rank_link_step(cfg: _D, s: _D, verdict: _D, now: float) -> bool:
     return True
 
 
-def _starting_step(cfg: _D, s: _D, verdict: _D, unit: Optional[str], critical: bool, now: float) -> Optional[_D]:
-    """While starting: healthy ends the start; only the floor or the start timeout fail it (None = wait)."""
+def _starting_step(
+    cfg: _D, s: _D, verdict: _D, unit: Optional[str], critical: bool, now: float, evidence: _D, actions: _Acts
+) -> Optional[_D]:
+    """While starting: healthy ends the start; only the start timeout fails it (None = wait).
+
+    A critical floor while the engine loads is the load's own memory (the mapped shard, the weights
+    being pinned): on the VM lab node, launches at the planner's KV size dipped under it while loading
+    (MemAvailable 155-224 MiB against 232 MiB) and served when left alone; restarting there killed each
+    load in turn until the watchdog gave up (docs/VM-LAB.md). It is recorded once per start and left to the
+    start timeout, the kernel (an OOM kill is systemd's restart, counted in the window) and the launcher's
+    guard."""
     if s["phase"] != "starting":
         return verdict
     if verdict["ok"] and unit != "activating":
@@ -535,9 +549,13 @@ def _starting_step(cfg: _D, s: _D, verdict: _D, unit: Optional[str], critical: b
         s["fails"] = 0
         return None
     waited = now - s["phase_since"]
+    if critical and s.get("start_floor_noted_at") != s["phase_since"]:
+        s["start_floor_noted_at"] = s["phase_since"]
+        actions.append({"do": "record", "action": "floor-while-starting", "reason": (
+            "%s while the engine is starting (%.0f s): left to the load (no restart before healthy; the start "
+            "timeout %.0f s still applies)" % (verdict["reason"], waited, cfg["start_timeout_s"])),
+            "evidence": evidence})  # fmt: skip
     # a load is slow and its ranks appear one by one (a start whose process exits is systemd's)
-    if critical:
-        return verdict
     if waited < cfg["start_timeout_s"]:
         return None
     s["fails"] = cfg["fail_threshold"]
@@ -639,7 +657,7 @@ def decide(
     verdict, critical = _verdict_step(cfg, s, obs, now, level, why)
     if _rank_link_step(cfg, s, verdict, now):
         return s, actions
-    verdict = _starting_step(cfg, s, verdict, unit, critical, now)
+    verdict = _starting_step(cfg, s, verdict, unit, critical, now, evidence, actions)
     if verdict is not None:
         _fail_restart_step(cfg, s, verdict, critical, now, evidence, actions)
     _healed_step(cfg, s, now, actions)

@@ -368,6 +368,8 @@ class Launch:
         ]  # fmt: skip
         if mode != "global" and self.config.get("model_path"):
             argv += ["--paths", self.config["model_path"]]
+        if self.config.get("guard_lock_memory"):
+            argv.append("--lock-memory")
         os.makedirs(self.record_dir, exist_ok=True)
         started = time.monotonic()
         self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509
@@ -411,6 +413,9 @@ class Launch:
             peak_growth_mib=(status or {}).get("peak_growth_mib"),
             evictions=(status or {}).get("evictions"),
             guard_cpu_s=(status or {}).get("cpu_seconds"),
+            guard_locked_kib=(status or {}).get("locked_kib"),
+            # only where the node refused the lock (the guard went on unlocked)
+            **({"guard_lock_error": (status or {})["lock_error"]} if (status or {}).get("lock_error") else {}),
         )
         self.guard = None
 

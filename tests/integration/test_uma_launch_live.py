@@ -99,10 +99,28 @@ def test_healthy_launch_cleans_up_then_waits_for_the_engine(env):
     assert rec["healthy_at"] is not None and rec["kv_alloc_t"] is not None
     assert rec["guard_status"]["state"] == "stopped" and rec["guard_status"]["stop_reason"] == "signal"
     assert os.path.exists(os.path.join(env["state"], "launches", "t1", "latest", "samples.jsonl"))
+    # the default: the guard locked its own pages (root here: CAP_IPC_LOCK), and the launcher said so
+    assert rec["guard_status"]["locked_kib"] > 1024 and rec["guard_status"]["lock_error"] is None, rec["guard_status"]
+    assert re.search(r"guard-stopped .*guard_locked_kib=\d{4,}", text), text
     assert proc.poll() is None, "the launcher stays with its engine"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 128 + signal.SIGTERM
     assert record(env)["exit_code"] == 128 + signal.SIGTERM
+
+
+def test_guard_lock_memory_off_in_the_node_config(env):
+    node_config = env["tmp"] / "launch.json"
+    node_config.write_text(json.dumps({"guard_lock_memory": False}))
+    argv_extra = ("--node-config", str(node_config))
+    proc = launch(env, extra=argv_extra)
+    _unused, lines = read_until(proc, r"lock-released")
+    assert "--lock-memory" not in "".join(lines) and "guard_locked_kib=None" in "".join(lines)
+    time.sleep(0.3)  # the record is written after the lock is released
+    rec = record(env)
+    assert rec["guard_status"]["state"] == "stopped"
+    assert rec["guard_status"].get("locked_kib") is None and "lock_error" not in rec["guard_status"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 128 + signal.SIGTERM
 
 
 def test_engine_killed_during_load(env):

@@ -74,3 +74,28 @@ def test_a_reserve_scale_outside_its_range_is_refused_naming_it(uma_vm, scale, c
         uma_vm.main(["--reserve-scale", scale, "--report", "/nonexistent.json"])
     assert err.value.code == 2
     assert "--reserve-scale must be above 0 and at most 3" in capsys.readouterr().err
+
+
+def test_the_report_of_c_says_what_the_launcher_and_the_watchdog_did(uma_vm, tmp_path, capsys):
+    """c (site.yml on the VM): the plan, and per launch the launcher's record (healthy_at, admission) and the
+    engine's watchdog (restarts, floor notes while starting), counted from what SiteLaunch kept."""
+    adm = {"admitted": True, "need_bytes": 2446 << 20}
+    c1 = dict(_launch("c", 1, True), launcher={
+        "healthy_at": 20.6, "admission": dict(adm, mem_available_bytes=2698 << 20),
+        "watchdog": {"restart": 0, "evict": 1, "gave_up": 0, "floor-while-starting": 1}})  # fmt: skip
+    c2 = dict(_launch("c", 2, False), launcher={
+        "healthy_at": None, "admission": dict(adm, mem_available_bytes=2700 << 20),
+        "watchdog": {"restart": 1, "evict": 0, "gave_up": 0, "floor-while-starting": 0}})  # fmt: skip
+    site = {"seconds": 92.7, "recap": ["uma-vm : ok=54 changed=1 failed=0"], "kv_cache_bytes": 591918695,
+            "gpu_memory_utilization": 0.824, "reserve_bytes": 546415410, "reserve_source": "derived", "knobs": {},
+            "restore": {"rc": 0}}  # fmt: skip
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps({"defaults": {}, "reserve_spark_kb": 0, "site": site, "launches": [c1, c2]}))
+    uma_vm.report(str(path))
+    out = capsys.readouterr().out
+    assert "plan: KV 591918695 bytes (564 MiB), --gpu-memory-utilization 0.824" in out
+    rows = {line.split(" |")[0]: line for line in out.splitlines() if line.startswith("| ")}
+    assert rows["| the launcher saw /health 200 (its record's healthy_at)"].endswith("| 1 of 2 |")
+    assert rows["| watchdog restarts"].endswith("| 1 of 2 |")
+    assert rows["| watchdog floor-while-starting notes"].endswith("| 1 of 2 |")
+    assert rows["| MemAvailable at admission MiB, median / the plan's request MiB"].endswith("| 2699 / 2446 |")

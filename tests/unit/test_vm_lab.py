@@ -84,3 +84,23 @@ def test_ioctl_abi_matches_header(tmp_path):
     assert tool.ALLOC_SIZE == size == 32
     assert (off_page, off_mmap) == (16, 24)
     assert shift == 40
+
+
+def test_the_vm_inventory_is_the_collections_own_shape():
+    """inventories/vm (site.yml on the VM lab node, uma_vm.py --configs c): the host reached over the loopback
+    port lab/vm.sh forwards, the reserve the Spark rule's value scaled to the
+    guest (the literal in group_vars is node_prep's rule for 121 GiB, checked here against the rule itself), and
+    one engine: the loader as rank 0 of two, planned from the weights uma_vm.py measures."""
+    import yaml
+
+    from ansible_collections.uma.vllm.plugins.module_utils import _sysctl
+
+    group = yaml.safe_load((ROOT / "inventories" / "vm" / "group_vars" / "uma_vm.yml").read_text())
+    spark = _sysctl.size_min_free_kbytes(121 * 1024**3)["min_free_kbytes"]
+    assert group["uma_min_free_kbytes"].startswith("{{ (%d * " % spark), group["uma_min_free_kbytes"]
+    assert group["ansible_host"] == "127.0.0.1" and "UMA_VM_SSH_PORT" in group["ansible_port"]
+    (engine,) = group["vllm_service_engines"]
+    assert engine["command"][1] == "/root/uma_loader.py" and engine["command"][2:4] == ["--as-rank", "2:0"]
+    assert engine["plan"]["weights_bytes"] == "{{ uma_vm_weights_bytes }}" and engine["plan"]["kv_budget"] == "max"
+    hosts = yaml.safe_load((ROOT / "inventories" / "vm" / "hosts.yml").read_text())
+    assert list(hosts["all"]["children"]["uma_vm"]["hosts"]) == ["uma-vm"]

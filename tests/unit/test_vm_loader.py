@@ -297,6 +297,10 @@ def test_help_says_stand_in():
         (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes", "0"),
         (["--port", "70000"], "--port", "'70000'"),
         (["--driver", "cuda"], "--driver", "'cuda'"),
+        (["--as-rank", "2"], "--as-rank", "'2'"),
+        (["--as-rank", "0:0"], "--as-rank", "'0:0'"),
+        (["--as-rank", "2:2"], "--as-rank", "'2:2'"),
+        (["--as-rank", "2:-1"], "--as-rank", "'2:-1'"),
     ],
 )
 def test_bad_option_named_no_traceback(tmp_path, extra, option, value):
@@ -308,6 +312,35 @@ def test_bad_option_named_no_traceback(tmp_path, extra, option, value):
     assert "Traceback" not in res.stderr + res.stdout
     assert res.stdout.startswith("(APIServer pid=") and "STAND-IN for vLLM on a GB10" in res.stdout.splitlines()[0]
     assert not (tmp_path / "dev").exists(), "nothing is allocated for a refused option"
+
+
+def test_rank_bytes_is_load_models_plan_and_as_rank_wins(tmp_path):
+    """--rank-bytes prints what load_model pins for this rank (the planner's weights_bytes on the VM), nothing
+    allocated; --as-rank overrides the --tensor-parallel-size 1 the collection's planner passes."""
+    model = tiny_model(tmp_path)
+    res = run_loader(str(model), "--tensor-parallel-size", "1", "--as-rank", "2:1", "--allocator", "exact",
+                     "--rank-bytes", "--driver", "file:%s" % (tmp_path / "dev"))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)  # only the JSON: no log line before it
+    sizes = [sum(n for _o, n in r) for _p, _s, r in L.rank_parts(L.read_headers(str(model)), 2, 1)]
+    assert got["tensor_parallel_size"] == 2 and got["rank"] == 1 and got["weights_bytes"] == sum(sizes)
+    assert got["weight_driver_bytes"] == sum(L.plan_segments(sizes, "exact")[0]) >= got["weights_bytes"]
+    assert not (tmp_path / "dev").exists()
+    whole = json.loads(run_loader(str(model), "--rank-bytes", "--allocator", "exact").stdout)
+    assert whole["tensor_parallel_size"] == 1 and whole["weights_bytes"] > got["weights_bytes"]
+
+
+def test_flags_it_does_not_model_are_taken_and_logged(tmp_path):
+    """The planner passes vLLM flags the stand-in has no use for: taken (a real vLLM takes them) and listed."""
+    args = L.parse_options([str(tiny_model(tmp_path)), "--kv-cache-memory-bytes", "1M", "--max-num-seqs", "4",
+                            "--enforce-eager", "--tensor-parallel-size", "1", "--as-rank", "2:0"])  # fmt: skip
+    assert args.ignored == ["--max-num-seqs", "4", "--enforce-eager"]
+    assert (args.tensor_parallel_size, args.rank) == (2, 0)
+    res = run_loader(str(tmp_path / "model"), "--kv-cache-memory-bytes", "1M", "--max-num-seqs", "4",
+                     "--driver", "file:%s" % (tmp_path / "d"), "--gpu-memory-utilization", "1.0")  # fmt: skip
+    assert "stand-in ignores (not modelled): --max-num-seqs 4" in res.stdout, res.stdout
+    res = run_loader(str(tmp_path / "model"), "--driver", "file:%s" % (tmp_path / "d"))
+    assert res.returncode == 2 and "--kv-cache-memory-bytes is required" in res.stderr
 
 
 def test_missing_model_and_driver(tmp_path):

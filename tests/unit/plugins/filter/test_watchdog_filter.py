@@ -159,3 +159,44 @@ def test_a_multi_node_engines_status_is_signed_with_its_link_key():
         assert found["tp2"]["config"]["key_file"] == "/etc/uma-vllm/engines/tp2.link.key"
         logic.validate(found["tp2"]["config"])
     assert "key_file" not in configs("ai1", settings=settings)["solo"]["config"]
+
+
+def test_the_config_carries_the_node_programs_fingerprint_so_new_programs_restart_the_watchdog(tmp_path, monkeypatch):
+    """A running watchdog keeps the code it started with: on the VM lab node an updated _watchdog_logic.py was
+    installed by site.yml while the old watchdog went on deciding with the old rules. The config now holds the
+    programs' fingerprint (node_files' own value), so new programs are a changed config: the role restarts it."""
+    from ansible_collections.uma.vllm.plugins.module_utils import _nodefiles
+    from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_watchdog as wd
+    from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS
+
+    installed = _nodefiles.files_fingerprint(_nodefiles.plan_node_files(NODE_PROGRAMS, str(tmp_path)))
+    for item in configs("ai1").values():
+        assert item["config"]["programs"] == installed
+        assert logic.validate(item["config"])["programs"] == installed
+    # one program's text changes -> another fingerprint -> another config
+    real = _nodefiles.module_source
+    monkeypatch.setattr(
+        wd, "module_source", lambda m: real(m) + ("\n# new" if m.__name__.endswith("_watchdog_logic") else "")
+    )
+    assert configs("ai1")["solo"]["config"]["programs"] != installed
+    with pytest.raises(logic.UmaError) as err:
+        logic.validate({"engine": "solo", "programs": "not-a-fingerprint"})
+    assert "programs" in str(err.value)
+
+
+def test_a_loader_that_gives_bytes_gives_the_same_source():
+    """ansible-core's collection loader (the controller, where the role's filters run) returns the source as
+    bytes; the fingerprint must be the same text node_files hashes on the node (the first site.yml run with the
+    fingerprint failed on the controller: 'bytes' object has no attribute 'encode')."""
+    import types
+
+    from ansible_collections.uma.vllm.plugins.module_utils import _nodefiles
+
+    class BytesLoader:
+        @staticmethod
+        def get_source(_name):
+            return "x = 'é'\n".encode()
+
+    mod = types.ModuleType("ansible_collections.uma.vllm.plugins.module_utils._fake")
+    mod.__loader__ = BytesLoader()
+    assert _nodefiles.module_source(mod) == "x = 'é'\n"

@@ -59,6 +59,7 @@ BAD = [
     ("launch_wrapper_pre_evict", "pre_evict", "all", "pre_evict"),
     ("launch_wrapper_guard_mode", "guard_mode", "fast", "guard_mode"),
     ("launch_wrapper_evict_after_healthy", "evict_after_healthy", "false", "evict_after_healthy"),
+    ("launch_wrapper_guard_lock_memory", "guard_lock_memory", "yes", "guard_lock_memory"),
     ("launch_wrapper_state_dir", "state_dir", "var/lib/uma-vllm", "state_dir"),
     ("launch_wrapper_python", "python", "/usr/bin/python3\n", "python"),
     ("launch_wrapper_engine_umask", "engine_umask", "0999", "engine_umask"),
