@@ -216,6 +216,11 @@ class SiteLaunch:
         state = self.systemctl("show", "-p", "ActiveState", "--value").stdout.strip()
         return state in ("activating", "active", "reloading") or time.time() - self.since < 2
 
+    def journal(self, unit):
+        """What UNIT logged since this launch started."""
+        cmd = ["journalctl", "-u", unit, "-o", "cat", "--no-pager", "--since", "@%d" % int(self.since)]
+        return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+
     def record(self):
         try:
             with open(self.RECORD, encoding="utf-8") as fh:
@@ -226,14 +231,12 @@ class SiteLaunch:
     def stop(self, healthy=False):
         # the launcher polls /health once a second: a stop before it saw 200 would be its failed launch (its
         # record is written at the end, so its own journal line is what says it saw 200)
-        journal = ["journalctl", "-u", self.UNIT, "-o", "cat", "--no-pager", "--since", "@%d" % int(self.since)]
         deadline = time.monotonic() + 15
-        while healthy and time.monotonic() < deadline and "] engine-healthy " not in subprocess.run(
-                journal, capture_output=True, text=True, check=False).stdout:  # fmt: skip
+        while healthy and time.monotonic() < deadline and "] engine-healthy " not in self.journal(self.UNIT):
             time.sleep(0.3)
         self.systemctl("stop")  # also cancels the restart systemd schedules after a failure
         self.systemctl("reset-failed")
-        text = subprocess.run(journal, capture_output=True, text=True, check=False).stdout
+        text = self.journal(self.UNIT)
         record = self.record()
         st = record.get("guard_status") or {}
         summary = {k: st.get(k) for k in GUARD_KEYS} if st else None
@@ -241,8 +244,7 @@ class SiteLaunch:
                                            "page_cache_peak_mib", "error")}  # fmt: skip
         keep["plan_kv_bytes"] = (record.get("plan") or {}).get("kv_cache_bytes")
         # what the engine's watchdog did meanwhile (site.yml runs one beside every started engine)
-        journal[2] = "uma-vllm-watchdog@vm.service"
-        lines = subprocess.run(journal, capture_output=True, text=True, check=False).stdout.splitlines()
+        lines = self.journal("uma-vllm-watchdog@vm.service").splitlines()
         acts = [ln.split("] ", 1)[-1].split(" evidence=", 1)[0] for ln in lines if ln.startswith("[uma-vllm-watchdog")]
         keep["watchdog"] = {word: sum(1 for a in acts if a.startswith(word + ":"))
                             for word in ("restart", "evict", "gave_up", "floor-while-starting")}  # fmt: skip
@@ -421,6 +423,15 @@ def launch_or_hang(args, cmd, config, index):
                 "vmstat": {k: 0 for k in VMSTAT}, "console": console}  # fmt: skip
 
 
+def vm_playbook(playbook, extra_vars):
+    """ansible-playbook PLAYBOOK (relative to the checkout) on inventories/vm: the result and its recap line."""
+    env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
+    cmd = ["ansible-playbook", os.path.join(ROOT, playbook), "-i", os.path.join(ROOT, "inventories", "vm"),
+           "-e", json.dumps(extra_vars)]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    return res, [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")][-1:]
+
+
 def site_yml(args, reserve):
     """c: site.yml on inventories/vm (node_prep, launch_wrapper, vllm_service: the planner sizes the KV cache),
     once; the engine it started is stopped again, so that every measured launch is a cold one."""
@@ -428,11 +439,8 @@ def site_yml(args, reserve):
         args.tp, args.rank, args.allocator)))["weight_driver_bytes"]  # fmt: skip
     memtotal_kb = int(ssh("awk '/^MemTotal:/ {print $2}' /proc/meminfo"))
     min_free = reserve * memtotal_kb // (SPARK_RAM // 1024)  # as r and k: the Spark's rule scaled to the guest
-    env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
-    cmd = ["ansible-playbook", os.path.join(ROOT, "site.yml"), "-i", os.path.join(ROOT, "inventories", "vm"),
-           "-e", json.dumps({"uma_vm_weights_bytes": weights, "uma_min_free_kbytes": min_free})]  # fmt: skip
     t0 = time.monotonic()
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
+    res, recap = vm_playbook("site.yml", {"uma_vm_weights_bytes": weights, "uma_min_free_kbytes": min_free})
     took = time.monotonic() - t0
     if res.returncode != 0:
         raise SystemExit("uma_vm.py: site.yml on inventories/vm failed (%d):\n%s" % (
@@ -440,8 +448,7 @@ def site_yml(args, reserve):
     plan = json.loads(ssh("cat /etc/uma-vllm/engines/vm.json"))["plan"]
     ssh("systemctl stop %s" % SiteLaunch.UNIT)
     knobs = _live_knobs()
-    recap = [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")]
-    site = {"seconds": round(took, 1), "recap": recap[-1:], "weights_bytes": weights, "min_free_kbytes": min_free,
+    site = {"seconds": round(took, 1), "recap": recap, "weights_bytes": weights, "min_free_kbytes": min_free,
             "knobs": knobs}  # fmt: skip
     site.update({k: plan.get(k) for k in ("kv_cache_bytes", "gpu_memory_utilization", "reserve_bytes",
                                           "reserve_source", "requested_memory_bytes")})  # fmt: skip
@@ -457,13 +464,11 @@ def site_restore(site):
     """After c: playbooks/restore.yml puts the guest back as it was (the engine, its watchdog, the launcher and
     node_prep's sysctls gone, the boot values back), so that later a/r/g/k runs on this disk image see no
     engine starting at boot."""
-    env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
-    cmd = ["ansible-playbook", os.path.join(ROOT, "playbooks", "restore.yml"), "-i", os.path.join(ROOT, "inventories",
-           "vm"), "-e", json.dumps({"uma_vm_weights_bytes": site.get("weights_bytes") or 1})]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
-    recap = [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")]
+    res, recap = vm_playbook(
+        os.path.join("playbooks", "restore.yml"), {"uma_vm_weights_bytes": site.get("weights_bytes") or 1}
+    )
     left = ssh("ls /etc/systemd/system | grep -c uma-vllm || true; cat /proc/sys/vm/min_free_kbytes").split()
-    out = {"rc": res.returncode, "recap": recap[-1:], "units_left": left[0] if left else None,
+    out = {"rc": res.returncode, "recap": recap, "units_left": left[0] if left else None,
            "min_free_kbytes_after": left[1] if len(left) > 1 else None}  # fmt: skip
     print("restore.yml on the guest: %s" % json.dumps(out), flush=True)
     return out
