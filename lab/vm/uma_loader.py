@@ -51,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling, also when a test imports this file
-from uma_loader_drivers import FakeGB10Driver, OptionError, PlainFileDriver
+from uma_loader_drivers import CudaDriver, FakeGB10Driver, OptionError, PlainFileDriver
 
 PROG = "uma_loader"
 STAND_IN = (
@@ -318,7 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
         "rounded up to 2 MiB (torch's rule for >= 10 MiB; for checkpoints whose tensors are smaller than a "
         "real model's, e.g. the VM's 16 MiB padding tensors, 8 MiB per rank at TP=2)",
     )
-    p.add_argument("--driver", default="fakegb10", help="fakegb10 (default) or file:PATH (tests: a plain file)")
+    p.add_argument(
+        "--driver",
+        default="fakegb10",
+        help="fakegb10 (default), cuda (a real discrete GPU through torch: vLLM's discrete startup check against "
+        "torch.cuda.mem_get_info) or file:PATH (tests: a plain file)",
+    )
     p.add_argument(
         "--as-rank",
         default=None,
@@ -389,8 +394,8 @@ def parse_options(argv: List[str]) -> argparse.Namespace:
     args.port = _int("--port", args.port, 1, 65535, "give a free TCP port such as 8000")
     if args.max_model_len is not None:
         args.max_model_len = _int("--max-model-len", args.max_model_len, 1, None, "give e.g. 512")
-    if args.driver != "fakegb10" and not (args.driver.startswith("file:") and len(args.driver) > 5):
-        raise OptionError("--driver %r is not fakegb10 or file:PATH; leave it out in the VM" % args.driver)
+    if args.driver not in ("fakegb10", "cuda") and not (args.driver.startswith("file:") and len(args.driver) > 5):
+        raise OptionError("--driver %r is not fakegb10, cuda or file:PATH; leave it out in the VM" % args.driver)
     if not os.path.isdir(args.model):
         raise OptionError("model %r is not a directory; give the model directory (e.g. /srv/model)" % args.model)
     return args
@@ -460,6 +465,8 @@ class Engine:
         except OSError as exc:
             if exc.errno != errno.ENOMEM:
                 raise
+            if getattr(exc, "torch_message", None):
+                raise LoaderError("%s (%s)" % (exc.torch_message, what)) from None  # type: ignore[attr-defined]
             mem = meminfo(self.proc)
             raise LoaderError(
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %s. GPU 0 has a total capacity of "
@@ -477,14 +484,24 @@ class Engine:
         return m, page_size
 
     def init_device(self) -> None:
-        mem = meminfo(self.proc)
-        self.facts["memavailable_at_check"] = mem["MemAvailable"]
-        self.facts["memtotal"] = mem["MemTotal"]
-        requested = startup_check(mem["MemAvailable"], mem["MemTotal"], self.args.gpu_memory_utilization)
+        if getattr(self.driver, "discrete", False):
+            # a discrete GPU: MemorySnapshot reads torch.cuda.mem_get_info() after the context
+            free, total = self.driver.mem_get_info()
+            self.facts.update(check_source="cuda mem_get_info", free_at_check=free, total_at_check=total)
+        else:
+            mem = meminfo(self.proc)
+            free, total = mem["MemAvailable"], mem["MemTotal"]
+            self.facts.update(check_source="MemAvailable", free_at_check=free, total_at_check=total)
+            self.facts["memavailable_at_check"] = free
+            self.facts["memtotal"] = total
+        try:
+            requested = startup_check(free, total, self.args.gpu_memory_utilization)
+        finally:
+            self.facts["requested_at_check"] = math.ceil(total * self.args.gpu_memory_utilization)
         self.wlog(
             "gpu_worker.py:538",
-            "worker requested memory: %sGiB (MemAvailable %s GiB of %s GiB at the startup check)"
-            % (format_gib(requested), format_gib(mem["MemAvailable"]), format_gib(mem["MemTotal"])),
+            "worker requested memory: %sGiB (%s %s GiB of %s GiB at the startup check)"
+            % (format_gib(requested), self.facts["check_source"], format_gib(free), format_gib(total)),
         )
 
     def load_model(self) -> None:
@@ -518,6 +535,11 @@ class Engine:
             try:
                 for _p, start, ranges, idx in by_shard.get(path, []):
                     seg, pos = where[idx]
+                    if hasattr(seg_maps[seg], "write_at"):  # a real GPU's allocation (--driver cuda)
+                        for off, n in ranges:
+                            seg_maps[seg].write_at(pos, view[start + off : start + off + n])
+                            pos += n
+                        continue
                     dst = memoryview(seg_maps[seg])
                     for off, n in ranges:
                         dst[pos : pos + n] = view[start + off : start + off + n]
@@ -547,7 +569,7 @@ class Engine:
             "Initial free memory %s GiB, reserved %s GiB memory for KV Cache as specified by "
             "kv_cache_memory_bytes config and skipped memory profiling. This does not respect the "
             "gpu_memory_utilization config. Only use kv_cache_memory_bytes config when you want manual control "
-            "of KV cache memory size." % (format_gib(self.facts["memavailable_at_check"]), format_gib(kv)),
+            "of KV cache memory size." % (format_gib(self.facts["free_at_check"]), format_gib(kv)),
         )
         t0 = time.monotonic()
         _m, page = self.alloc(kv, "KV cache")
@@ -706,7 +728,10 @@ def main(argv: Optional[List[str]] = None, driver: Any = None, proc: str = "/pro
     before: Dict[str, int] = {}
     try:
         if driver is None:
-            driver = FakeGB10Driver() if args.driver == "fakegb10" else PlainFileDriver(args.driver[5:])
+            if args.driver == "cuda":
+                driver = CudaDriver()
+            else:
+                driver = FakeGB10Driver() if args.driver == "fakegb10" else PlainFileDriver(args.driver[5:])
         engine = Engine(args, driver, log, proc)
         before = driver.counters()
         engine.init_device()

@@ -17,7 +17,7 @@ import fcntl
 import mmap
 import os
 import struct
-from typing import Dict, Tuple
+from typing import Any, Dict, Tuple
 
 # fakegb10 (lab/vm/fakegb10/fakegb10_uapi.h)
 DEV = "/dev/fakegb10"
@@ -100,3 +100,68 @@ class PlainFileDriver:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+class CudaSegment:
+    """One CUDA allocation (a torch uint8 tensor) written like an mmap: ``write_at(pos, bytes)``."""
+
+    def __init__(self, torch: Any, tensor: Any) -> None:
+        self.torch = torch
+        self.tensor = tensor
+
+    def write_at(self, pos: int, src: Any) -> None:
+        n = len(src)
+        host = self.torch.frombuffer(bytearray(src), dtype=self.torch.uint8)  # the mmap is read-only
+        self.tensor[pos : pos + n].copy_(host)
+
+
+class CudaDriver:
+    """A REAL discrete GPU through PyTorch's CUDA caching allocator (for the lent GPU machine, not
+    the VM): each ``alloc`` is one ``torch.empty(size, uint8, device="cuda")``; an allocation the
+    card cannot hold raises torch's own OutOfMemoryError text (``.torch_message``). The process's
+    CUDA context is created here, before the startup check, as in vLLM's worker."""
+
+    name = "cuda"
+    discrete = True
+
+    def __init__(self) -> None:
+        try:
+            import torch  # pylint: disable=import-outside-toplevel
+        except ImportError as exc:
+            raise OptionError("--driver cuda needs PyTorch with CUDA (%s); use fakegb10 in the VM" % exc) from None
+        if not torch.cuda.is_available():
+            raise OptionError("--driver cuda: torch.cuda.is_available() is False; use fakegb10 in the VM")
+        self.torch = torch
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")  # the CUDA context
+        self.tensors: list = []
+        self.allocs = 0
+        self.failures = 0
+
+    def mem_get_info(self) -> Tuple[int, int]:
+        """(free, total) as vLLM's MemorySnapshot reads them on a discrete GPU."""
+        self.torch.cuda.empty_cache()
+        free, total = self.torch.cuda.mem_get_info()
+        return int(free), int(total)
+
+    def alloc(self, size: int) -> Tuple[int, int, int]:
+        try:
+            tensor = self.torch.empty(size, dtype=self.torch.uint8, device="cuda")
+        except self.torch.OutOfMemoryError as exc:
+            self.failures += 1
+            err = OSError(errno.ENOMEM, "CUDA out of memory")
+            err.torch_message = "torch.OutOfMemoryError: " + str(exc).splitlines()[0]  # type: ignore[attr-defined]
+            raise err from None
+        self.allocs += 1
+        self.tensors.append(tensor)
+        return len(self.tensors), 2 << 20, len(self.tensors) - 1
+
+    def map(self, offset: int, size: int) -> CudaSegment:
+        return CudaSegment(self.torch, self.tensors[offset])
+
+    def counters(self) -> Dict[str, int]:
+        return {"cuda_allocs": self.allocs, "cuda_oom": self.failures}
+
+    def close(self) -> None:
+        self.tensors = []
+        self.torch.cuda.empty_cache()

@@ -223,13 +223,15 @@ def rule_page_cache_starvation(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 def rule_admission_refused(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The launcher refused the start before the engine ran (uma_launch.py admit(), exit 75):
-    MemAvailable stayed below the plan's startup request."""
+    MemAvailable (or, ``memory: gpu``, a GPU's free memory) stayed below the plan's startup request."""
     launch = f["launch"] or {}
     adm = launch.get("admission")
     if not isinstance(adm, dict) or adm.get("admitted") is not False:
         return None
     short = int(adm.get("short_bytes") or 0)
     need = int(adm.get("need_bytes") or 0)
+    if adm.get("memory") == "gpu":
+        return _gpu_admission_refused(launch, adm, need, short)
     avail = int(adm.get("mem_available_bytes") or 0)
     evidence = [
         "launch.json: admission refused (exit %s): MemAvailable %s below the startup request %s (%s), short by %s "
@@ -255,6 +257,28 @@ def rule_admission_refused(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         "fix": fix,
         "detail": {"need_bytes": need, "mem_available_bytes": avail, "short_bytes": short},
     }
+
+
+def _gpu_admission_refused(launch: Dict[str, Any], adm: Dict[str, Any], need: int, short: int) -> Dict[str, Any]:
+    """admission_refused on a discrete GPU (_launch_node.admit_gpu): the GPU's free memory, not MemAvailable."""
+    gpus = [g for g in adm.get("gpus") or [] if isinstance(g, dict)]
+    gpu = next((g for g in gpus if g.get("index") == adm.get("short_gpu")), gpus[0] if gpus else {})
+    index = gpu.get("index", adm.get("short_gpu", "?"))
+    free = int(gpu.get("free_bytes") or 0)
+    evidence = [
+        "launch.json: admission refused (exit %s): GPU %s has %s free of %s, below the startup request %s per GPU "
+        "(%s), short by %s after waiting %s s"
+        % (launch.get("exit_code"), index, fmt_bytes(free), fmt_bytes(int(gpu.get("total_bytes") or 0)),
+           fmt_bytes(need), adm.get("need_source", "plan"), fmt_bytes(short), adm.get("waited_s"))
+    ]  # fmt: skip
+    fix = [
+        "Free %s of GPU memory on GPU %s before the start: stop the other process on that GPU (see nvidia-smi; "
+        "the launch lock already serialises engine loads)." % (fmt_bytes(short), index),
+        "Or re-plan this engine smaller with uma.vllm.vllm_flags (a lower gpu_memory_utilization or "
+        "kv_cache_memory_bytes) so its startup request fits what the GPU has free.",
+    ]
+    detail = {"need_bytes": need, "gpu_index": index, "gpu_free_bytes": free, "short_bytes": short}
+    return {"confidence": 0.95, "evidence": evidence, "fix": fix, "detail": detail}
 
 
 def _max_model_len_fixes(insufficient: Dict[str, Any]) -> List[str]:

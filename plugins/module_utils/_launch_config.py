@@ -71,7 +71,12 @@ DEFAULTS: Dict[str, Any] = {
     "watch_ranks": True,  # once healthy, a dead VLLM:: process of this engine is a failure
     # admission: MemAvailable >= the plan's startup request (budget requested_memory_bytes) before the engine
     "admission": True,
-    "admission_request_bytes": None,  # default: plan.requested_memory_bytes x plan.ranks_per_node
+    # the memory admission compares: auto (gpu where the plan says unified_memory false, else host), host
+    # (MemAvailable, a unified-memory node) or gpu (each of the engine's GPUs' free memory, from nvidia-smi)
+    "admission_memory": "auto",
+    # host: the node's whole need (default plan.requested_memory_bytes x plan.ranks_per_node);
+    # gpu: what each of the engine's GPUs must have free (default plan.requested_memory_bytes + cuda_context_bytes)
+    "admission_request_bytes": None,
     "admission_wait_s": 60.0,
     "proc_root": "/proc",
     "sysfs_root": "/sys",
@@ -108,6 +113,7 @@ _DURATIONS = (
 _BOOLEANS = ("evict_after_healthy", "guard", "guard_lock_memory", "watch_ranks", "admission")
 _PATHS = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root")
 READAHEAD_MAX_KB = 4294967295  # the kernel's ceiling for read_ahead_kb (_blockdev.KERNEL_MAX_KB)
+ADMISSION_MEMORY = ("auto", "host", "gpu")  # what admission compares (uma_launch.py admit, _launch_node.admit_gpu)
 MAX_REQUEST_BYTES = 1 << 50  # 1 PiB: far above any node's memory, far below a float's precision
 
 
@@ -145,9 +151,17 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _check_node_fields(config: Dict[str, Any]) -> None:
-    """pre_evict (one of files, drop, none) and the node's paths (absolute, normalised in place)."""
+    """pre_evict (one of files, drop, none), admission_memory (auto, host, gpu) and the node's paths
+    (absolute, normalised in place)."""
     if not isinstance(config["pre_evict"], str) or config["pre_evict"] not in ("files", "drop", "none"):
         raise UmaError("pre_evict", config["pre_evict"], "is not files, drop or none", "Use files (no root needed).")
+    memory = config.get("admission_memory")
+    if not isinstance(memory, str) or memory not in ADMISSION_MEMORY:
+        raise UmaError(
+            "admission_memory", memory, "is not auto, host or gpu",
+            "Use auto (gpu where the plan says unified_memory false, else host), host (the node's MemAvailable, "
+            "unified memory) or gpu (each GPU's free memory from nvidia-smi, a discrete GPU).",
+        )  # fmt: skip
     for key in _PATHS:
         config[key] = _checks.path(key, config.get(key), "Give an absolute path, e.g. %s." % DEFAULTS[key])
 
@@ -316,7 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-timeout", type=float, dest="lock_timeout_s")
     p.add_argument("--health-timeout", type=float, dest="health_timeout_s")
     p.add_argument("--state-dir")
-    p.add_argument("--admission-request-bytes", type=int, help="MemAvailable the start needs (default: the plan's)")
+    p.add_argument("--admission-memory", help="the memory admission compares: auto (default), host or gpu")
+    p.add_argument(
+        "--admission-request-bytes",
+        type=int,
+        help="host: MemAvailable the start needs; gpu: free memory each GPU needs (default: the plan's)",
+    )
     p.add_argument("--admission-wait", type=float, dest="admission_wait_s", help="seconds to wait for it")
     p.add_argument(
         "--check-config",
@@ -386,6 +405,7 @@ def load_config(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         "lock_timeout_s": ns.lock_timeout_s,
         "health_timeout_s": ns.health_timeout_s,
         "state_dir": ns.state_dir,
+        "admission_memory": ns.admission_memory,
         "admission_request_bytes": ns.admission_request_bytes,
         "admission_wait_s": ns.admission_wait_s,
         "command": command or None,

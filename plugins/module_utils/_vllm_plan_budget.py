@@ -71,6 +71,13 @@ def sampler_bytes_per_element(version: versions.Version) -> int:
 NON_TORCH_PER_TP = GIB * 15 // 100
 NON_TORCH_PER_TP_V06 = GIB * 18 // 10
 
+# A discrete GPU's CUDA context: the process's first CUDA call takes it from the card's free memory
+# before vLLM's startup snapshot (free must be >= total x gpu_memory_utilization): 523.6 MiB and
+# 619 MiB measured on two NVIDIA H200 machines, driver 580.159.04, torch 2.11.0+cu130 (docs/BENCHMARKS.md;
+# 0.55 GiB was refuted there by benchmarks/gpu_launch_check.py: the check failed by 46 MiB) -> 0.75 GiB,
+# the default reserve_gib on a discrete GPU; the launcher's GPU admission adds the same figure.
+CUDA_CONTEXT_BYTES = GIB * 3 // 4
+
 
 def activation_reserve(desc: Dict[str, Any], ctx: PlanContext) -> Dict[str, int]:
     """What vLLM's profile run and graph capture add on top of the weights, per rank.
@@ -128,6 +135,12 @@ def _apply_startup_reserve(ctx: PlanContext) -> Optional[str]:
     Returns where the reserve came from."""
     model = ctx.startup
     if model is None:
+        if not ctx.unified and ctx.total_bytes is not None and not ctx.reserve_given:
+            # Discrete GPU: vLLM's startup snapshot is taken after the process's CUDA context,
+            # which the card's total still counts: a request of total x gmu leaving less than the
+            # context free fails the check before any weight is loaded.
+            ctx.reserve_bytes = CUDA_CONTEXT_BYTES
+            return "derived: the CUDA context vLLM's startup check is taken after (%.2f GiB)" % gib(CUDA_CONTEXT_BYTES)
         return "reserve_gib" if ctx.reserve_given else None
     needed = model["reserve_bytes"]
     if not ctx.reserve_given:
@@ -259,6 +272,9 @@ def base_budget(ctx: PlanContext, layout: KvLayout, fp: Footprint) -> Dict[str, 
         "expected_available_bytes": ctx.startup["available_bytes"] if ctx.startup else None,
         "total_memory_bytes": ctx.total_bytes,
         "ranks_per_node": fp.ranks,
+        "unified_memory": ctx.unified,
+        "gpus_per_node": ctx.ranks_per_node,
+        "cuda_context_bytes": None if ctx.unified else CUDA_CONTEXT_BYTES,
         "kv_budget_source": fp.kv_source,
         "block_size": ctx.block_size,
         "kv_cache_groups": len(groups),

@@ -19,11 +19,11 @@ In order, each step logged with its timing:
    no ``sync``: the shards are read, not written, and a node-wide sync can
    block for seconds behind other writers), or ``sync`` and drop the whole
    cache (``pre_evict: drop``, the published behaviour);
-   then admission: ``MemAvailable`` must cover the plan's startup request
-   (``plan.requested_memory_bytes`` x ranks on the node: what vLLM's startup
-   check will ask for); short, the model's files are evicted again and the
-   launcher waits up to ``admission_wait_s`` for memory a stopping engine or
-   another load still holds; still short, it refuses with the numbers (exit 75,
+   then admission: ``MemAvailable`` must cover the plan's startup request (``plan.requested_memory_bytes``
+   x ranks on the node: what vLLM's startup check will ask for; on a discrete GPU, ``admission_memory`` gpu
+   or the plan's ``unified_memory: false``, each GPU's free memory in nvidia-smi: ``_launch_node.admit_gpu``);
+   short, the model's files are evicted again and the launcher waits up to ``admission_wait_s`` for memory
+   a stopping engine or another load still holds; still short, it refuses with the numbers (exit 75,
    ``admission`` in launch.json) before any weight is read;
 3. optionally open a readahead window on the model's device(s), recorded
    where the node's boot unit restores it should the node go down mid-load;
@@ -53,7 +53,7 @@ This file is the launch itself (``Launch``: the steps above, the clean-up) and `
 Its other parts are node-side files of their own, shipped with it into the node's lib_dir:
 
 - ``_launch_config.py`` exit codes, defaults, the command line, load_config and the validator
-- ``_launch_node.py``   the log, the launch lock, model files and eviction, child set-up
+- ``_launch_node.py``   the log, the launch lock, model files and eviction, child set-up, the GPU admission
 
 The names other code uses (``validate``, ``merge_config``, ``Log``, ``LaunchLock``,
 ``DEFAULTS``, the ``EXIT_*`` codes) stay importable from ``uma_launch``.
@@ -71,7 +71,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 try:
-    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_watch, _ranks
+    from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_watch, _launch_node, _ranks
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         node_write_json,
@@ -109,6 +109,7 @@ try:
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _blockdev  # type: ignore[no-redef]
     import _guard_watch  # type: ignore[no-redef]
+    import _launch_node  # type: ignore[no-redef]
     import _ranks  # type: ignore[no-redef]
     from _common import UmaError, node_write_json, read_meminfo, read_state  # type: ignore[no-redef]
     from _launch_config import (  # type: ignore[no-redef]
@@ -242,18 +243,15 @@ class Launch:
             self.log.step("pre-evict", duration=time.monotonic() - started, mode="none")
 
     def admission_need(self) -> Tuple[Optional[int], str]:
-        """Bytes the engine's start needs free, and from what: the config's
-        admission_request_bytes, else the plan's startup request (what vLLM's startup check
-        compares with MemAvailable: ceil(total x gpu_memory_utilization)) for every rank on
-        the node."""
+        """Host mode: bytes the start needs free, and from what: admission_request_bytes, else the plan's startup
+        request (what vLLM's check compares with MemAvailable: ceil(total x gmu)) for every rank on the node."""
         given = self.config.get("admission_request_bytes")
         if given:
             return int(given), "admission_request_bytes"
         plan = self.config.get("plan") or {}
         request = plan.get("requested_memory_bytes") if isinstance(plan, dict) else None
         if isinstance(request, (int, float)) and not isinstance(request, bool) and request > 0:
-            ranks = plan.get("ranks_per_node") or 1
-            ranks = ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else 1
+            ranks = _launch_node.positive_int(plan.get("ranks_per_node")) or 1
             return int(request) * ranks, "plan requested_memory_bytes x %d rank(s)" % ranks
         return None, "no startup request in the plan"
 
@@ -261,9 +259,10 @@ class Launch:
         return int(read_meminfo(self.config["proc_root"]).get("MemAvailable", 0))
 
     def admit(self, sleep: Callable[[float], None] = time.sleep) -> bool:
-        """Before the engine starts: MemAvailable must cover the plan's startup request.
-        Short: evict the model's files again, then wait (bounded) for memory another load or
-        a stopping engine still holds; still short: refuse with the numbers."""
+        """Before the engine starts (gpu mode: _launch_node.admit_gpu): MemAvailable must cover the plan's startup
+        request. Short: evict the model's files again, wait (bounded) for it; still short: refuse with the numbers."""
+        if _launch_node.admission_memory(self.config)[0] == "gpu":
+            return _launch_node.admit_gpu(self, sleep)
         started = time.monotonic()
         need, source = self.admission_need()
         if not self.config["admission"] or need is None:
@@ -289,6 +288,7 @@ class Launch:
             available = self.mem_available()
         waited = time.monotonic() - started
         admission = {
+            "memory": "host",
             "need_bytes": need,
             "need_source": source,
             "mem_available_bytes": available,
@@ -644,7 +644,7 @@ class Launch:
                 return 128 + self.stop_signal
             self.pre_evict()
             if not self.admit():
-                self.failure = ("admission refused on this node (MemAvailable below the plan's start)", EXIT_ADMISSION)
+                self.failure = ("admission refused on this node (free memory below the plan's start)", EXIT_ADMISSION)
                 self.record["failed_at"] = self.log.elapsed()
                 self.record["exit_code"] = EXIT_ADMISSION
                 return EXIT_ADMISSION

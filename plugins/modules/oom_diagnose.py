@@ -16,7 +16,8 @@ description:
     the launcher's C(launch.json) and the guard's C(samples.jsonl), the engine's C(/metrics), the
     guard's status file, C(/proc/meminfo) and the C(vm.*) sysctls in force.
   - Classifies each engine as one of C(admission_refused) (the launcher refused the start, MemAvailable
-    below the plan's startup request, exit 75), C(startup_oom) (weights + KV cache over the budget),
+    or on a discrete GPU the GPU's free memory below the plan's startup request, exit 75),
+    C(startup_oom) (weights + KV cache over the budget),
     C(page_cache_starvation) (UMA page cache held the memory at load), C(profiling_race) (another
     engine started at the same time), C(runtime_burst) (long prompts / batched tokens),
     C(fragmentation) (allocator fragmentation, chronic OOMs), C(prefix_cache_pressure) (full KV cache,

@@ -62,7 +62,10 @@ options:
         watermark + RAM/256, + O(other_engines_gib)). A given value below the part that is certain (high
         watermark + RAM/256 + a given O(node_baseline_gib) + O(other_engines_gib)) is refused with the
         numbers; one between that floor and the derived value is accepted with a warning."
-      - Without O(total_memory_gib) or on discrete GPUs it defaults to 0.
+      - Without O(total_memory_gib) it defaults to 0. On a discrete GPU (O(unified_memory=false)) it defaults to
+        0.75 GiB, the CUDA context each process takes from the card before vLLM's startup check (523.6 and
+        619 MiB measured on two NVIDIA H200 machines, driver 580), so the planned O(gpu_memory_utilization)
+        leaves it free.
     type: float
   min_free_kbytes:
     description:

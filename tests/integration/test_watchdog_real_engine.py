@@ -134,7 +134,7 @@ def test_real_metrics_and_completion(engine, monkeypatch):
     assert refused["error"] == "HTTP 401"
 
 
-LOADED_TICKS = 8  # watchdog ticks with requests running that the busy test waits for
+LOADED_TICKS = 4  # watchdog ticks with requests running that the busy test waits for (2 x fail_threshold)
 
 
 def test_real_generation_load_is_busy_not_wedged(engine, tmp_path, monkeypatch):

@@ -296,7 +296,7 @@ def test_help_says_stand_in():
         (["--kv-cache-memory-bytes", "1.5G"], "--kv-cache-memory-bytes", "'1.5G'"),
         (["--kv-cache-memory-bytes", "0"], "--kv-cache-memory-bytes", "0"),
         (["--port", "70000"], "--port", "'70000'"),
-        (["--driver", "cuda"], "--driver", "'cuda'"),
+        (["--driver", "nvidia"], "--driver", "'nvidia'"),
         (["--as-rank", "2"], "--as-rank", "'2'"),
         (["--as-rank", "0:0"], "--as-rank", "'0:0'"),
         (["--as-rank", "2:2"], "--as-rank", "'2:2'"),
@@ -508,3 +508,12 @@ def test_whole_run_over_http(tmp_path):
     assert raw[512 + 4096 + 512 : 512 + 4096 + 512 + 256] == norm2
     assert raw[2 * MIB : 2 * MIB + len(pad)] == pad
     assert len(raw) == 2 * MIB + 20 * MIB + 2 * MIB  # + the KV cache
+
+
+def test_driver_cuda_without_a_gpu_is_named_not_a_traceback(tmp_path):
+    # no GPU here or in CI (the cuda driver ran on the lent H200: benchmarks/gpu_launch_check.py)
+    model = tiny_model(tmp_path)
+    res = run_loader(str(model), "--kv-cache-memory-bytes", "1M", "--driver", "cuda")
+    assert res.returncode == 2, res
+    assert "--driver cuda" in res.stderr and ("PyTorch" in res.stderr or "is_available" in res.stderr), res.stderr
+    assert "Traceback" not in res.stderr + res.stdout

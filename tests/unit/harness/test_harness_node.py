@@ -160,7 +160,7 @@ class Launcher:
     bools = ("evict_after_healthy", "guard", "watch_ranks", "admission")
     paths = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root", "model_path")
     texts = ("engine", "pre_evict", "guard_mode", "health_url", "engine_user", "engine_umask", "command", "env",
-             "plan", "cluster")  # fmt: skip
+             "plan", "cluster", "admission_memory")  # fmt: skip
     # what the roles write into the engine's file (the filter); the rest into the node's launch.json
     engine_keys = ("engine", "command", "model_path", "health_url", "env", "guard_mode", "readahead_kb", "pre_evict",
                    "plan", "cluster")  # fmt: skip
@@ -257,7 +257,7 @@ class Launcher:
             "cluster": ["x", [1], {"rank": 0}, {"nnodes": 2, "rank": 5, "link_port": 1, "head_addr": "h"}, True],
         }
         # "bogus": not one of the names an enumeration allows
-        enumerated = ["bogus"] if key in ("pre_evict", "guard_mode") else []
+        enumerated = ["bogus"] if key in ("pre_evict", "guard_mode", "admission_memory") else []
         return data.draw(st.sampled_from(special.get(key, TEXT_BAD + enumerated)), label="value")
 
 

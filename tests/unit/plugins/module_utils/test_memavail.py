@@ -14,6 +14,7 @@ import pytest
 from ansible_collections.uma.vllm.plugins.module_utils import _memavail as ma
 from ansible_collections.uma.vllm.plugins.module_utils import _sysctl
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget_mod
 from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
 
 FIX = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
@@ -146,10 +147,34 @@ def test_a_covering_reserve_says_so():
     assert not any("below the modelled" in w for w in result["warnings"])
 
 
-def test_discrete_and_unsized_plans_keep_reserve_zero():
-    assert _plan(total_memory_gib=79.18, unified_memory=False)["budget"]["reserve_bytes"] == 0
+def test_discrete_plans_reserve_the_cuda_context_and_unsized_plans_zero():
+    # a discrete card: vLLM's startup check runs after the CUDA context took its share of the card
+    budget = _plan(total_memory_gib=79.18, unified_memory=False)["budget"]
+    assert budget["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES == int(0.75 * GIB)
+    assert budget["reserve_source"].startswith("derived: the CUDA context")
+    assert budget["unified_memory"] is False and budget["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    assert budget["gpus_per_node"] == 1
+    # a given reserve is the user's (0 included)
+    assert _plan(total_memory_gib=79.18, unified_memory=False, reserve_gib=0)["budget"]["reserve_bytes"] == 0
     budget = _plan(kv_cache_memory_bytes=2 * GIB)["budget"]
     assert budget["reserve_bytes"] == 0 and budget["expected_available_bytes"] is None
+    assert budget["unified_memory"] is True and budget["cuda_context_bytes"] is None
+
+
+def test_a_discrete_plan_leaves_the_cuda_context_free():
+    # docs/BENCHMARKS.md (H200, 139.80 GiB): a pinned KV cache that left 0.41 GiB of the card free
+    # was planned at --gpu-memory-utilization 0.998, but the CUDA context alone holds 0.51-0.60 GiB before
+    # vLLM's startup check. Now the plan keeps 0.75 GiB: the same KV cache is refused, with the fit.
+    total = int(139.80 * GIB)
+    base = _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=4 * GIB)["budget"]
+    kv = total - base["weights_per_rank_bytes"] - base["activation_reserve_bytes"] - int(0.41 * GIB)
+    zero = _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv, reserve_gib=0)
+    assert zero["budget"]["gpu_memory_utilization"] >= 0.997
+    with pytest.raises(plan_mod.PlanRefused) as err:
+        _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv)
+    assert "reserve 0.75" in err.value.message
+    fits = _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv - int(0.4 * GIB))["budget"]
+    assert fits["total_memory_bytes"] - fits["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
 
 
 def test_a_given_baseline_counts_in_the_floor():
