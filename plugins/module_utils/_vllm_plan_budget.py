@@ -309,6 +309,16 @@ def refuse_with_fit(
     details.update(extra_details)
     details["largest_max_model_len"] = fits_len
     details["largest_max_num_seqs"] = seqs
+    if option == "kv_cache_memory_bytes" and kv_avail > 0:
+        # a pinned KV cache: the fix is a smaller one (a shorter max_model_len does not shrink it)
+        fix = "Give kv_cache_memory_bytes <= %d (%.2f GiB)%s; or free memory or lower reserve_gib." % (
+            kv_avail,
+            gib(kv_avail),
+            ": that holds max_model_len %d with up to %d concurrent full-length sequences" % (fits_len, seqs)
+            if fits_len
+            else "",
+        )
+        raise PlanRefused(option, value, problem, fix, details)
     fix = (
         "Largest max_model_len that fits: %d (with up to %d concurrent full-length sequences); "
         "or free memory, lower reserve_gib, use kv_cache_dtype fp8 or more tensor_parallel_size." % (fits_len, seqs)
@@ -412,6 +422,7 @@ def _refuse_node_overcommit(
     if node_need <= total:
         return
     kv_room = (total - reserve) // ranks - fp.weights_per_rank - fp.activation_bytes
+    pinned = fp.kv_source == "kv_cache_memory_bytes" and kv_room > 0
     refuse_with_fit(
         ctx,
         layout,
@@ -428,8 +439,9 @@ def _refuse_node_overcommit(
             gib(reserve),
             gib(total),
         ),
-        "total_memory_gib",
-        ctx.params.get("total_memory_gib"),
+        # a pinned KV cache that a smaller one would fix; else (not even the weights fit) the node's size
+        "kv_cache_memory_bytes" if pinned else "total_memory_gib",
+        ctx.kv_cache_memory_bytes if pinned else ctx.params.get("total_memory_gib"),
         {"kv_cache_bytes": fp.kv_budget, "kv_needed_bytes": needed, "kv_room_bytes": kv_room},
     )
 

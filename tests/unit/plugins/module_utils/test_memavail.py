@@ -173,6 +173,10 @@ def test_a_discrete_plan_leaves_the_cuda_context_free():
     with pytest.raises(plan_mod.PlanRefused) as err:
         _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv)
     assert "reserve 0.75" in err.value.message
+    # the KV cache was pinned: the fix names the largest one that fits, and it does fit
+    assert err.value.option == "kv_cache_memory_bytes" and "Give kv_cache_memory_bytes <= " in err.value.message
+    room = err.value.details["kv_room_bytes"]
+    assert room < kv and _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=room)["budget"]
     fits = _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv - int(0.4 * GIB))["budget"]
     assert fits["total_memory_bytes"] - fits["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
 

@@ -210,7 +210,12 @@ def test_does_not_fit_reports_largest_length():
     # the whole 8192 context fits in that room, many times over
     assert details["largest_max_model_len"] == 8192
     assert details["largest_max_num_seqs"] == int(room // (32 * 65536) / 512.0)
-    assert "Largest max_model_len that fits: 8192" in err.value.message
+    # the KV cache was pinned: the fix is a smaller one, and what that room holds
+    assert err.value.option == "kv_cache_memory_bytes"
+    assert "Give kv_cache_memory_bytes <= %d" % room in err.value.message
+    assert (
+        "that holds max_model_len 8192 with up to %d concurrent" % details["largest_max_num_seqs"] in err.value.message
+    )
 
 
 def test_refusal_when_one_sequence_does_not_fit():
