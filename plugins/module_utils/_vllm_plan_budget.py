@@ -294,8 +294,10 @@ def refuse_with_fit(
     option: str,
     value: Any,
     extra_details: Dict[str, Any],
+    shrink_kv: bool = False,
 ) -> None:
-    """Raise PlanRefused with the largest max_model_len (and its concurrency) that ``kv_avail`` holds."""
+    """Raise PlanRefused with the largest max_model_len (and its concurrency) that ``kv_avail`` holds;
+    ``shrink_kv`` (a pinned KV cache larger than ``kv_avail``): the fix is a KV cache of at most that."""
     fits_len = 0
     seqs = 0
     if kv_avail > 0:
@@ -309,7 +311,7 @@ def refuse_with_fit(
     details.update(extra_details)
     details["largest_max_model_len"] = fits_len
     details["largest_max_num_seqs"] = seqs
-    if option == "kv_cache_memory_bytes" and kv_avail > 0:
+    if shrink_kv:
         # a pinned KV cache: the fix is a smaller one (a shorter max_model_len does not shrink it)
         fix = "Give kv_cache_memory_bytes <= %d (%.2f GiB)%s; or free memory or lower reserve_gib." % (
             kv_avail,
@@ -318,13 +320,13 @@ def refuse_with_fit(
             if fits_len
             else "",
         )
-        raise PlanRefused(option, value, problem, fix, details)
-    fix = (
-        "Largest max_model_len that fits: %d (with up to %d concurrent full-length sequences); "
-        "or free memory, lower reserve_gib, use kv_cache_dtype fp8 or more tensor_parallel_size." % (fits_len, seqs)
-        if fits_len
-        else "Not even one token of KV cache fits: free memory, lower reserve_gib or use more GPUs."
-    )
+    elif fits_len:
+        fix = (
+            "Largest max_model_len that fits: %d (with up to %d concurrent full-length sequences); "
+            "or free memory, lower reserve_gib, use kv_cache_dtype fp8 or more tensor_parallel_size." % (fits_len, seqs)
+        )
+    else:
+        fix = "Not even one token of KV cache fits: free memory, lower reserve_gib or use more GPUs."
     raise PlanRefused(option, value, problem, fix, details)
 
 
@@ -443,6 +445,7 @@ def _refuse_node_overcommit(
         "kv_cache_memory_bytes" if pinned else "total_memory_gib",
         ctx.kv_cache_memory_bytes if pinned else ctx.params.get("total_memory_gib"),
         {"kv_cache_bytes": fp.kv_budget, "kv_needed_bytes": needed, "kv_room_bytes": kv_room},
+        shrink_kv=pinned,
     )
 
 

@@ -249,10 +249,10 @@ class Launch:
         if given:
             return int(given), "admission_request_bytes"
         plan = self.config.get("plan") or {}
-        request = plan.get("requested_memory_bytes") if isinstance(plan, dict) else None
-        if isinstance(request, (int, float)) and not isinstance(request, bool) and request > 0:
+        request = _launch_node.positive_number(plan.get("requested_memory_bytes")) if isinstance(plan, dict) else None
+        if request is not None:
             ranks = _launch_node.positive_int(plan.get("ranks_per_node")) or 1
-            return int(request) * ranks, "plan requested_memory_bytes x %d rank(s)" % ranks
+            return request * ranks, "plan requested_memory_bytes x %d rank(s)" % ranks
         return None, "no startup request in the plan"
 
     def mem_available(self) -> int:
