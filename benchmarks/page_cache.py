@@ -75,6 +75,9 @@ STRATEGIES: Dict[str, Tuple[Optional[List[str]], Optional[int]]] = {
     # not in the default set
     "global-l3": (["--mode", "global", "--drop-level", "3"], None),
     "adaptive-nopaths": (["--mode", "adaptive"], None),
+    # the launcher's guard: growth is left alone while MemFree >= {line} MiB (--line-mib, default the
+    # checkpoint's size: an engine takes at least its weights), as the launcher's line is the engine's request
+    "adaptive-line": (["--mode", "adaptive", "--paths", "{ckpt}", "--act-below-free-mib", "{line}"], None),
 }
 DEFAULT_STRATEGIES = ["none", "published", "global", "files", "adaptive", "adaptive+ra8"]
 GUARD_MODES = ("global", "files", "adaptive")
@@ -267,7 +270,8 @@ def _sampler(conn: Any, every: float, bystander: str, paths: List[str]) -> None:
     while not conn.poll(every):
         info = reader.read()
         resident = sum(residency.resident_bytes(fd, size) or 0 for fd, size in files)
-        samples.append((time.monotonic(), info.get("Cached", 0), info.get("Mapped", 0), resident))
+        free = info.get("MemFree", 0)
+        samples.append((time.monotonic(), info.get("Cached", 0), info.get("Mapped", 0), resident, free))
     stop.set()
     for fd, _size in files:
         os.close(fd)
@@ -299,6 +303,27 @@ class Sampler:
 
 # --------------------------------------------------------------------------
 # Guard process
+
+
+def node_cpu() -> Tuple[float, float]:
+    """CPU seconds the whole node has used (all CPUs: user, nice, system, irq, softirq from /proc/stat) and
+    those of its kswapd threads: where the kernel's own reclaim goes when no guard evicts."""
+    tick = float(os.sysconf("SC_CLK_TCK"))
+    with open("/proc/stat", encoding="ascii") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:8]]
+    busy = (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / tick
+    kswapd = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/comm" % pid, encoding="ascii") as handle:
+                if not handle.read().startswith("kswapd"):
+                    continue
+            kswapd += sum(_stat_user_sys(int(pid)))
+        except (OSError, ValueError):
+            continue
+    return busy, kswapd
 
 
 def guard_cpu(pid: int) -> float:
@@ -343,6 +368,44 @@ def guard_user_sys(pid: int) -> Tuple[float, float]:
         return _stat_user_sys(pid)
     except OSError:
         return 0.0, 0.0
+
+
+class Hog:
+    """Anonymous memory held by a child process (numpy, every page written) for the whole benchmark, so
+    that only ``short_mib`` MiB are available when each run starts: the load then runs the node short, as a
+    checkpoint larger than free memory does on a unified-memory node. The child is the OOM killer's first
+    pick (oom_score_adj 1000) and dies with the benchmark."""
+
+    CODE = (
+        "import sys, numpy as np\n"
+        "b = np.empty(int(sys.argv[1]), dtype=np.uint8); b.fill(1)\n"
+        "sys.stdout.write('ok\\n'); sys.stdout.flush(); sys.stdin.read()\n"
+    )
+
+    def __init__(self, short_mib: int) -> None:
+        self.short_mib = short_mib
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> int:
+        drop_caches()
+        nbytes = meminfo()["MemAvailable"] - self.short_mib * MIB
+        if nbytes < 256 * MIB:
+            raise SystemExit("page_cache.py: --short-mib %d leaves nothing to hold (MemAvailable %d MiB)" % (
+                self.short_mib, meminfo()["MemAvailable"] // MIB))  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", self.CODE, str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        with open("/proc/%d/oom_score_adj" % self.proc.pid, "w", encoding="ascii") as handle:
+            handle.write("1000\n")
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != b"ok":
+            raise SystemExit("page_cache.py: the memory holder died (exit %s)" % self.proc.wait())
+        return nbytes // MIB
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class GuardProcess:
@@ -395,11 +458,13 @@ def one_run(
     strategy: str, loader: str, paths: List[str], ckpt: str, bystander: str, knob: str, knob_orig: str, opts: Any
 ) -> Dict[str, Any]:
     args, ra_kb = STRATEGIES[strategy]
+    args = [a.replace("{line}", str(opts.line_mib)) for a in args] if args is not None else None
     write_knob(knob, str(ra_kb) if ra_kb is not None else knob_orig)
     drop_caches()
     total = sum(os.path.getsize(p) for p in paths)
     avail = meminfo().get("MemAvailable", 0)
-    pretouch_s = pretouch(max(GIB, min(total + GIB, avail - 2 * GIB)))
+    # with --short-mib the hog's pages are the warm ones and there is no room to touch more
+    pretouch_s = pretouch(max(GIB, min(total + GIB, avail - 2 * GIB))) if not opts.short_mib else 0.0
     read_through(bystander)
     residency = _guard_residency.Residency()
     by_before, by_size = uma_guard.file_residency(bystander, residency)
@@ -411,6 +476,7 @@ def one_run(
         with Sampler(opts.sample_ms / 1000.0, bystander, paths) as sampler:
             if guard is not None:
                 guard.start()
+            node0 = node_cpu()
             cpu0 = guard_cpu(guard.proc.pid) if guard else 0.0
             split0 = guard_user_sys(guard.proc.pid) if guard else (0.0, 0.0)
             base = meminfo()
@@ -418,6 +484,7 @@ def one_run(
             t0 = time.monotonic()
             LOAD[loader](paths)
             t1 = time.monotonic()
+            node1 = node_cpu()
             sectors1 = sectors_read(opts.disk_stat)
             cpu1 = guard_cpu(guard.proc.pid) if guard else 0.0
             split1 = guard_user_sys(guard.proc.pid) if guard else (0.0, 0.0)
@@ -434,6 +501,7 @@ def one_run(
     peak_cached = max([s[1] for s in window] + [base["Cached"]])
     peak_mapped = max([s[2] for s in window] + [base["Mapped"]])
     peak_resident = max([s[3] for s in window] + [0])
+    base.setdefault("MemFree", 0)
     min_resident = min(sampled["bystander_min_resident"], by_after / float(by_size))
     result.update(
         {
@@ -450,6 +518,10 @@ def one_run(
             "guard_sys_s": round(split1[1] - split0[1], 2),
             "guard_cpu_pct": round(100.0 * (cpu1 - cpu0) / max(1e-9, t1 - t0), 2),
             "guard_cpu_ms_per_gib": round(1000.0 * (cpu1 - cpu0) / (total / float(GIB)), 1),
+            # the whole node during the load (loader, guard, kswapd, everything else) and kswapd alone
+            "node_cpu_s": round(node1[0] - node0[0], 2),
+            "kswapd_cpu_s": round(node1[1] - node0[1], 2),
+            "min_free_mib": round(min([s[4] for s in window] + [base["MemFree"]]) / MIB, 1),
             "bystander_resident_before_pct": round(100.0 * by_before / by_size, 1),
             "bystander_evicted_pct": round(100.0 * (1.0 - min_resident), 1),
             "bystander_reread_s": round(read_through(bystander), 3),
@@ -460,6 +532,7 @@ def one_run(
             k: status.get(k)
             for k in (
                 "ticks",
+                "held_ticks",
                 "evictions",
                 "evicted_bytes",
                 "sweeps",
@@ -514,6 +587,9 @@ def summarize(runs: List[Dict[str, Any]], strategies: List[str], largest_mib: fl
                 "load_ratio_min": round(min(loads) / min(base_loads), 3) if base_loads else None,
                 "guard_cpu_pct": round(_median([r["guard_cpu_pct"] for r in rows]), 2),
                 "guard_cpu_ms_per_gib": round(_median([r["guard_cpu_ms_per_gib"] for r in rows]), 1),
+                "node_cpu_s": _median([r.get("node_cpu_s", 0.0) for r in rows]),
+                "kswapd_cpu_s": _median([r.get("kswapd_cpu_s", 0.0) for r in rows]),
+                "min_free_mib": _median([r.get("min_free_mib", 0.0) for r in rows]),
                 "bystander_evicted_pct": round(_median([r["bystander_evicted_pct"] for r in rows]), 1),
                 "bystander_evicted_max_pct": max(r["bystander_evicted_pct"] for r in rows),
                 "evictions": _median([r.get("guard", {}).get("evictions", 0) for r in rows]),
@@ -643,13 +719,13 @@ def readahead_verdict(summary: Dict[str, Any]) -> Dict[str, Any]:
 
 def table(summary: Dict[str, Any]) -> str:
     head = "| strategy | loader | peak Cached growth MiB (x shard) | peak ckpt resident MiB (x shard) | load s |"
-    head += " load ratio med / min | guard CPU % | bystander evicted % | disk read / size |"
-    lines = [head, "|" + "---|" * 9]
+    head += " load ratio med / min | guard CPU % | node CPU s (kswapd s) | bystander evicted % | disk read / size |"
+    lines = [head, "|" + "---|" * 10]
     for strategy, entry in summary.items():
         for loader, row in entry["by_loader"].items():
             ratio = "%.2f / %.2f" % (row["load_ratio"], row["load_ratio_min"]) if row["load_ratio"] else "-"
             lines.append(
-                "| %s | %s | %.0f (%.2f) | %.0f (%.2f) | %.1f | %s | %.2f | %.0f | %.2f |"
+                "| %s | %s | %.0f (%.2f) | %.0f (%.2f) | %.1f | %s | %.2f | %.2f (%.2f) | %.0f | %.2f |"
                 % (
                     strategy,
                     loader,
@@ -660,6 +736,8 @@ def table(summary: Dict[str, Any]) -> str:
                     row["load_s"],
                     ratio,
                     row["guard_cpu_pct"],
+                    row.get("node_cpu_s") or 0.0,
+                    row.get("kswapd_cpu_s") or 0.0,
                     row["bystander_evicted_pct"],
                     row["disk_read_ratio"],
                 )
@@ -683,6 +761,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--sample-ms", type=float, default=10.0, help="meminfo sampling period (default %(default)s)")
     p.add_argument("--guard-args", default="", help="extra arguments for every guard, for experiments")
     p.add_argument("--guard-nice", type=int, default=0, help="run the guard under nice -n N (default 0)")
+    p.add_argument("--line-mib", type=int, help="adaptive-line's --act-below-free-mib (default: the checkpoint's size)")
+    p.add_argument(
+        "--short-mib",
+        type=int,
+        default=0,
+        help="hold anonymous memory so that only N MiB are available when the runs start (0: off): memory runs "
+        "short during the load and the kernel must reclaim, as on a unified-memory node",
+    )
     p.add_argument("--quick", action="store_true", help="1-minute smoke run: 0.5 GiB, 2 shards, 1 repeat")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--output", help="results file (default benchmarks/results/page_cache-<time>.json)")
@@ -703,6 +789,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             p.error("unknown loader %r (known: %s)" % (loader, ", ".join(LOADERS)))
     if opts.size_gib <= 0 or opts.shards < 1 or opts.repeat < 1 or not 0 < opts.sample_ms <= 50:
         p.error("--size-gib > 0, --shards >= 1, --repeat >= 1 and 0 < --sample-ms <= 50")
+    if opts.short_mib < 0 or (opts.short_mib and opts.short_mib < 256) or (opts.line_mib or 0) < 0:
+        p.error("--short-mib is 0 or at least 256 (MiB), --line-mib at least 0")
     return opts
 
 
@@ -764,6 +852,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     knob_orig = read_knob(knob)
     opts.disk_stat = disk_stat_file(ckpt)
     largest_mib = max(os.path.getsize(p) for p in paths) / float(MIB)
+    if opts.line_mib is None:
+        opts.line_mib = -(-sum(os.path.getsize(p) for p in paths) // MIB)
     machine = {
         "kernel": os.uname().release,
         "cpus": os.cpu_count(),
@@ -778,6 +868,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     runs: List[Dict[str, Any]] = []
     started = time.monotonic()
     opts.workdir = tempfile.mkdtemp(prefix="uma-bench-")
+    hog = Hog(opts.short_mib) if opts.short_mib else None
+    if hog is not None:
+        machine["hog_mib"] = hog.start()
+        log("holding %d MiB of anonymous memory: MemAvailable %d MiB, MemFree %d MiB" % (
+            machine["hog_mib"], meminfo()["MemAvailable"] // MIB, meminfo()["MemFree"] // MIB))  # fmt: skip
     try:
         for rep in range(opts.repeat):
             order = opts.strategies[rep % len(opts.strategies) :] + opts.strategies[: rep % len(opts.strategies)]
@@ -804,6 +899,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         )
                     )
     finally:
+        if hog is not None:
+            hog.stop()
         write_knob(knob, knob_orig)
         restored = read_knob(knob)
         log("read_ahead_kb restored to %s (was %s)" % (restored, knob_orig))
@@ -821,6 +918,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             "dir": opts.dir,
             "guard_args": opts.guard_args,
             "guard_nice": opts.guard_nice,
+            "line_mib": opts.line_mib,
+            "short_mib": opts.short_mib,
         },
         "machine": machine,
         "duration_s": round(time.monotonic() - started, 1),

@@ -68,7 +68,7 @@ GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_r
 SPARK_RAM = 121 * 1024**3
 GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s",
               "cpu_user_s", "cpu_sys_s", "major_faults", "minor_faults", "sweeps", "file_checks", "triggers",
-              "residency_method", "locked_kib", "lock_error")  # fmt: skip
+              "residency_method", "locked_kib", "lock_error", "held_ticks")  # fmt: skip
 VMSTAT = ("allocstall_normal", "allocstall_movable", "allocstall_dma32", "compact_stall", "compact_fail", "oom_kill")
 KERNEL_WORDS = ("NVRM", "fakegb10", "oom-killer", "Out of memory", "Killed process")
 
@@ -240,6 +240,8 @@ class SiteLaunch:
         record = self.record()
         st = record.get("guard_status") or {}
         summary = {k: st.get(k) for k in GUARD_KEYS} if st else None
+        if summary is not None:  # the line under which it evicted (the launcher's auto: the engine's request)
+            summary["act_below_free_mib"] = (st.get("config") or {}).get("act_below_free_mib")
         keep = {k: record.get(k) for k in ("admission", "exit_code", "healthy_at", "failed_at", "kv_alloc_t",
                                            "page_cache_peak_mib", "error")}  # fmt: skip
         keep["plan_kv_bytes"] = (record.get("plan") or {}).get("kv_cache_bytes")

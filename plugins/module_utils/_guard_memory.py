@@ -35,6 +35,7 @@ def cache_view(meminfo: Dict[str, int]) -> Dict[str, int]:
         "mapped": mapped,
         "unmapped": max(0, cached - mapped),
         "available": meminfo.get("MemAvailable", meminfo.get("MemFree", 0)),
+        "free": meminfo.get("MemFree", 0),
     }
 
 
@@ -117,10 +118,14 @@ def next_sleep(unmapped: int, reference: int, threshold: int, rate: float, inter
     process costs more CPU than the work it does here, so one look per
     threshold crossing is the aim, not several.
     """
+    return sleep_until(reference + threshold - unmapped, rate, interval)
+
+
+def sleep_until(headroom: float, rate: float, interval: float) -> float:
+    """How long until ``headroom`` bytes are used up at ``rate`` bytes/s, in [min(interval, MIN_TICK_S), interval]."""
     shortest = min(interval, MIN_TICK_S)
     if rate <= 0:
         return interval
-    headroom = reference + threshold - unmapped
     if headroom <= 0:
         return shortest
     return max(shortest, min(interval, headroom / rate))
@@ -136,24 +141,38 @@ class AdaptivePolicy:
     The MemAvailable trigger backs off (1, 2, 4 ... 30 s) while acting frees
     less than 16 MiB, because then memory is held by something eviction
     cannot touch (the KV cache, anonymous memory).
+
+    With ``act_below_free_mib`` the growth trigger is held while ``MemFree`` is at or above it:
+    the cache then sits in memory nobody asked for, and evicting it would only spend the kernel's
+    CPU. The reference is not moved while held, so the first tick below the line acts on all the
+    growth since the last action.
     """
 
     BACKOFF_START_S = 1.0
     BACKOFF_MAX_S = 30.0
     USEFUL_BYTES = 16 * MIB
 
-    def __init__(self, threshold_mib: int, min_available_mib: int, start_unmapped: int) -> None:
+    def __init__(
+        self, threshold_mib: int, min_available_mib: int, start_unmapped: int, act_below_free_mib: int = 0
+    ) -> None:
         self.threshold = threshold_mib * MIB
         self.min_available = min_available_mib * MIB
+        self.act_below_free = act_below_free_mib * MIB
         self.reference = start_unmapped
         self.backoff = 0.0
         self.not_before = 0.0
+        self.held = False  # this tick's growth was held by act_below_free
+        self.held_ticks = 0
 
     def observe(self, now: float, view: Dict[str, int]) -> Optional[str]:
         """Return the trigger ("growth" or "available") or None."""
         self.reference = min(self.reference, view["unmapped"])
+        self.held = False
         if view["unmapped"] - self.reference >= self.threshold:
-            return "growth"
+            if not self.act_below_free or view["free"] < self.act_below_free:
+                return "growth"
+            self.held = True
+            self.held_ticks += 1
         if self.min_available and view["available"] < self.min_available and now >= self.not_before:
             return "available"
         return None

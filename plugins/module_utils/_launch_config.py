@@ -62,6 +62,9 @@ DEFAULTS: Dict[str, Any] = {
     # the guard locks its own pages (mlockall ONFAULT): under pressure the kernel would reclaim them and
     # the guard would spend its CPU reading itself back (docs/VM-LAB.md: 15.7 s vs 28.0 s to healthy)
     "guard_lock_memory": True,
+    # MiB of MemFree below which the guard evicts the load's cache; auto: the engine's startup request
+    # on a unified-memory node (_launch_node.guard_free_line), 0: at every 16 MiB of growth (as before)
+    "guard_act_below_free_mib": "auto",
     "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
     "state_dir": _paths.STATE_DIR,
     "lib_dir": os.path.dirname(os.path.abspath(__file__)),
@@ -303,14 +306,20 @@ def guard_config(config: Dict[str, Any]) -> Any:
     for key, fix in (("guard_interval", "0.1"), ("guard_threshold_mib", "16"), ("guard_max_duration", "1800")):
         # a JSON number (the guard's command line also takes decimal text; a config file does not)
         _checks.number(key, config.get(key), -math.inf, math.inf, "Give e.g. %s." % fix)  # the range: the guard's
+    free_line = config.get("guard_act_below_free_mib", "auto")
+    if isinstance(free_line, str) and free_line != "auto":
+        raise UmaError("guard_act_below_free_mib", free_line, "is not auto or a number of MiB",
+                       "Give auto (the engine's request), a whole number of MiB, or 0 (act always).")  # fmt: skip
     guard = _guard_config.GuardConfig(
         name="launch-%s" % config.get("engine"),
         mode=mode,
         paths=[model] if model is not None and mode != "global" else [],
         interval=config.get("guard_interval"),
         threshold_mib=config.get("guard_threshold_mib"),
+        act_below_free_mib=0 if free_line == "auto" else free_line,
         max_duration=config.get("guard_max_duration"),
     ).validated(spell=_guard_config.prefixed("guard_"))
+    config["guard_act_below_free_mib"] = "auto" if free_line == "auto" else guard.act_below_free_mib
     config["guard_interval"] = guard.interval
     config["guard_threshold_mib"] = guard.threshold_mib
     config["guard_max_duration"] = guard.max_duration

@@ -292,6 +292,22 @@ def positive_int(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def guard_free_line(config: Dict[str, Any], host_need: Optional[int]) -> Tuple[int, str]:
+    """The guard's --act-below-free-mib (0: evict at every growth) and why. auto: the engine's startup
+    request on the node (``host_need``, admission's figure) where the plan is a unified-memory one: page
+    cache in the MemFree above it stands in no allocation of the engine's way, and evicting it costs the
+    kernel CPU; 0 on a discrete GPU or without a request (the guard as before)."""
+    value = config.get("guard_act_below_free_mib", "auto")
+    if value != "auto":
+        return int(value), "guard_act_below_free_mib"
+    plan = config.get("plan") if isinstance(config.get("plan"), dict) else {}
+    if plan.get("unified_memory") is False:
+        return 0, "auto: a discrete GPU (host memory is not the engine's)"
+    if not host_need:
+        return 0, "auto: no startup request in the plan"
+    return -(-host_need // MIB), "auto: the engine's startup request"
+
+
 def admission_memory(config: Dict[str, Any]) -> Tuple[str, str]:
     """host or gpu, and why: admission_memory host or gpu as given; auto is gpu where the plan
     says ``unified_memory: false`` (a discrete GPU), else host (a unified-memory node, or a plan

@@ -24,6 +24,9 @@ Modes:
     Reads ``/proc/meminfo`` every tick and acts only when the unmapped file
     cache (``Cached - Mapped``) grew more than ``--threshold-mib`` above its
     running minimum, or ``MemAvailable`` fell below ``--min-available-mib``.
+    With ``--act-below-free-mib N`` growth is left alone while ``MemFree`` is
+    at least N MiB (cache in free memory is in nobody's way; evicting it costs
+    the kernel CPU): the launcher gives the engine's startup request.
     It acts with the ``files`` sweep when ``--paths`` are given, else with a
     global drop. It wakes at once when the loader opens or reads a watched
     file (inotify), times its ticks to the next threshold crossing while the
@@ -136,6 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", default=_guard_config.DEFAULT_INTERVAL, metavar="SEC", help="tick, default 0.1")
     p.add_argument("--threshold-mib", default=_guard_config.DEFAULT_THRESHOLD_MIB, metavar="N")
     p.add_argument("--min-available-mib", default=_guard_config.DEFAULT_MIN_AVAILABLE_MIB, metavar="N")
+    p.add_argument(
+        "--act-below-free-mib",
+        default=_guard_config.DEFAULT_ACT_BELOW_FREE_MIB,
+        metavar="N",
+        help="adaptive: evict growth only while MemFree < N MiB (0: always, the default)",
+    )
     p.add_argument("--drop-level", default=_guard_config.DEFAULT_DROP_LEVEL, metavar="{1,3}")
     p.add_argument("--max-duration", default=_guard_config.DEFAULT_MAX_DURATION, metavar="SEC")
     p.add_argument("--until-url", metavar="URL")
@@ -158,6 +167,8 @@ def validate(ns: argparse.Namespace) -> Dict[str, Any]:
     values = dict(vars(ns))
     check = values.pop("check_config", False)
     lock = bool(values.pop("lock_memory", False))
+    if values.get("until_pid") == "":  # the module's "unset"; on a command line, a PID variable that was empty
+        raise UmaError("--until-pid", "", "is empty", "Give the loader's process id, or leave the option out.")
     config = _guard_config.GuardConfig(**values).validated(spell=_guard_config.cli)
     if check:  # --check-config: what the node must offer too (the PID, drop_caches, the samples directory)
         _guard_config.check_on_node(config, _guard_config.cli)
@@ -221,7 +232,7 @@ class Guard:
         self.rate = 0.0
         self.last_sweep = self.started_mono
         self.policy = _guard_memory.AdaptivePolicy(
-            config["threshold_mib"], config["min_available_mib"], view["unmapped"]
+            config["threshold_mib"], config["min_available_mib"], view["unmapped"], config["act_below_free_mib"]
         )
 
     # -- checks before running
@@ -278,6 +289,7 @@ class Guard:
             after["cached"] = max(0, before["cached"] - freed)
             after["unmapped"] = max(0, before["unmapped"] - freed)
             after["available"] = before["available"] + freed
+            after["free"] = before["free"] + freed
             return after
         self.drop_global()
         after = self._sample()
@@ -323,6 +335,8 @@ class Guard:
         self.prev_unmapped = view["unmapped"]
         if self.mode != "adaptive":
             return interval
+        if self.policy.held:  # look again when, at this rate, MemFree reaches the line
+            return _guard_memory.sleep_until(view["free"] - self.policy.act_below_free, self.rate, interval)
         return _guard_memory.next_sleep(
             view["unmapped"], self.policy.reference, self.policy.threshold, self.rate, interval
         )
@@ -351,6 +365,7 @@ class Guard:
             **_guard_status.cpu_usage(),
             "stop_reason": self.stop_reason,
             "triggers": dict(self.triggers),
+            "held_ticks": self.policy.held_ticks,
             "config": dict(self.config),
         }
         if self.sweeper is not None:
@@ -455,7 +470,9 @@ def run(config: Dict[str, Any], stop: Optional[Stopper] = None, clock: Callable[
             sleep = min(sleep, max(0.0, config["max_duration"] - (clock() - guard.started_mono)))
             if pid_watch is not None:
                 sleep = min(sleep, PID_EVERY_S)
+            # held (MemFree above act_below_free_mib): a timed tick, not a wake-up at every read
             watch = guard.mode == "adaptive" and guard.events is not None and guard.events.fd is not None
+            watch = watch and not guard.policy.held
             if watch and sleep >= config["interval"]:
                 # no growth in sight: wake at once on file activity (a loader opening
                 # the next shard, or starting to read), at most every MIN_TICK_S

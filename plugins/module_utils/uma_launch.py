@@ -370,6 +370,10 @@ class Launch:
             argv += ["--paths", self.config["model_path"]]
         if self.config.get("guard_lock_memory"):
             argv.append("--lock-memory")
+        free_line, why = (
+            _launch_node.guard_free_line(self.config, self.admission_need()[0]) if mode == "adaptive" else (0, mode)
+        )
+        argv += ["--act-below-free-mib", str(free_line)] if mode == "adaptive" else []
         os.makedirs(self.record_dir, exist_ok=True)
         started = time.monotonic()
         self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509
@@ -385,7 +389,7 @@ class Launch:
             time.sleep(0.02)
         ready = os.path.exists(status_file)
         self.log.step("guard-started", duration=time.monotonic() - started, mode=mode, pid=self.guard.pid, ready=ready,
-                      oom_score_adj=oom)  # fmt: skip
+                      oom_score_adj=oom, act_below_free_mib=free_line, why=why)  # fmt: skip
         if not ready:
             self.log.line("the guard did not report within %ss (exit %s); loading without it" % (
                 GUARD_READY_TIMEOUT_S, self.guard.poll()))  # fmt: skip

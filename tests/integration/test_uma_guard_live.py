@@ -221,6 +221,41 @@ def test_adaptive_mode_evicts_what_a_reader_loads_and_stops_on_sigterm(ckpt, tmp
     assert status["inotify_watches"] == 2  # woken by the reader's open/read events, not only by ticks
 
 
+def test_act_below_free_mib_holds_growth_while_memfree_is_above_it(ckpt, tmp_path):
+    """The real kernel's MemFree against the line: 1 MiB (never reached here) holds every growth; the
+    line at 1 TiB (always below it) acts as the guard without a line does."""
+    directory, paths = ckpt
+    for line, evicts in (("1", False), ("1048576", True)):
+        (tmp_path / "status.json").unlink(missing_ok=True)  # the next guard's first status says it watches
+        for path in paths:  # start cold
+            fd = os.open(path, os.O_RDONLY)
+            _guard_residency.fadvise_dontneed(fd)
+            os.close(fd)
+        proc, status_file = _guard(
+            tmp_path, "--mode", "adaptive", "--paths", directory, "--threshold-mib", "8", "--max-duration", "60",
+            "--act-below-free-mib", line,
+        )  # fmt: skip
+        try:
+            assert _wait_for(status_file.exists, 10), "no status written"
+            for path in paths:
+                _read(path)
+            if evicts:
+                assert _wait_for(lambda: all(_resident(p) < 0.05 for p in paths), 10), [_resident(p) for p in paths]
+            else:
+                time.sleep(1.0)  # ten ticks at the default interval: the guard has seen the growth
+                assert all(_resident(p) > 0.95 for p in paths), [_resident(p) for p in paths]
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code, err = _finish(proc)
+        assert code == 0, err
+        status = _status(status_file)
+        assert status["config"]["act_below_free_mib"] == int(line)
+        if evicts:
+            assert status["triggers"].get("growth", 0) >= 1 and status["evicted_bytes"] >= 30 * MIB
+        else:
+            assert status["held_ticks"] >= 1 and status["evictions"] == 0 and status["evicted_bytes"] == 0
+
+
 def test_adaptive_mode_leaves_other_files_alone(ckpt, tmp_path):
     directory, _unused = ckpt
     bystander = tmp_path / "bystander.bin"

@@ -156,7 +156,7 @@ class Launcher:
     code = 78
     numbers = ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s", "admission_wait_s",
                "guard_interval", "guard_threshold_mib", "guard_max_duration", "readahead_kb",
-               "admission_request_bytes")  # fmt: skip
+               "admission_request_bytes", "guard_act_below_free_mib")  # fmt: skip
     bools = ("evict_after_healthy", "guard", "watch_ranks", "admission")
     paths = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root", "model_path")
     texts = ("engine", "pre_evict", "guard_mode", "health_url", "engine_user", "engine_umask", "command", "env",
@@ -190,6 +190,7 @@ class Launcher:
             "guard_interval": 0.1,
             "guard_threshold_mib": 16,
             "guard_max_duration": 1800,
+            "guard_act_below_free_mib": "auto",
             "readahead_kb": None,
             "evict_after_healthy": True,
             "state_dir": os.path.join(root, "state"),
@@ -342,7 +343,7 @@ class GuardCli:
     name = "uma_guard.py"
     code = 2
     numbers = ("--interval", "--threshold-mib", "--min-available-mib", "--drop-level", "--max-duration",
-               "--until-pid")  # fmt: skip
+               "--until-pid", "--act-below-free-mib")  # fmt: skip
     number_bad = ["nan", "inf", "-inf", "1e308", "1e400", "-1", "True", "", "x", "0x10", "\uff11", "1" * 40, "--"]
 
     def base(self, root: str) -> List[str]:
@@ -363,7 +364,7 @@ class GuardCli:
             how = variant or data.draw(st.sampled_from(self.VALID), label="variant")
             if how == "as the launcher writes it":  # uma_launch.py's start_guard: str() of its numbers
                 argv += ["--interval", str(0.1), "--threshold-mib", str(16), "--max-duration", str(1800.0),
-                         "--until-pid", str(os.getpid())]  # fmt: skip
+                         "--until-pid", str(os.getpid()), "--act-below-free-mib", str(4096)]  # fmt: skip
             if how == "relative status file":  # documented: made absolute against the working directory
                 argv[argv.index("--status-file") + 1] = "guard.json"
             elif how == "numbers as text":

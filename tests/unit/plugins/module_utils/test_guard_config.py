@@ -29,6 +29,9 @@ BAD = [
     (dict(threshold_mib=0), "threshold_mib", "is below the minimum 1"),
     (dict(threshold_mib=1048577), "threshold_mib", "is above the maximum 1048576"),
     (dict(min_available_mib=-1), "min_available_mib", "is below the minimum 0"),
+    (dict(act_below_free_mib=-1), "act_below_free_mib", "is below the minimum 0"),
+    (dict(act_below_free_mib=1048577), "act_below_free_mib", "is above the maximum 1048576"),
+    (dict(act_below_free_mib=True), "act_below_free_mib", "boolean"),
     (dict(drop_level=2), "drop_level", "is not 1 or 3"),
     (dict(mode="turbo"), "mode", "is not a guard mode"),
     (dict(mode="files"), "paths", "is empty but mode=files"),
@@ -90,6 +93,8 @@ def test_every_caller_takes_the_same_defaults():
     assert options["interval"]["default"] == _guard_config.DEFAULT_INTERVAL
     assert options["threshold_mib"]["default"] == _guard_config.DEFAULT_THRESHOLD_MIB
     assert options["min_available_mib"]["default"] == _guard_config.DEFAULT_MIN_AVAILABLE_MIB
+    assert options["act_below_free_mib"]["default"] == _guard_config.DEFAULT_ACT_BELOW_FREE_MIB
+    assert cli["act_below_free_mib"] == _guard_config.DEFAULT_ACT_BELOW_FREE_MIB
     assert options["max_duration"]["default"] == _guard_config.DEFAULT_MAX_DURATION
     with open(os.path.join(ROOT, "roles", "launch_wrapper", "defaults", "main.yml"), encoding="utf-8") as handle:
         role = yaml.safe_load(handle)

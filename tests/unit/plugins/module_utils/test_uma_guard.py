@@ -152,9 +152,15 @@ def test_meminfo_reader_on_the_real_proc():
 @pytest.mark.parametrize(
     "meminfo, expected",
     [
-        ({"Cached": 10, "Mapped": 4, "MemAvailable": 7}, {"cached": 10, "mapped": 4, "unmapped": 6, "available": 7}),
-        ({"Cached": 3, "Mapped": 5, "MemFree": 9}, {"cached": 3, "mapped": 5, "unmapped": 0, "available": 9}),
-        ({}, {"cached": 0, "mapped": 0, "unmapped": 0, "available": 0}),
+        (
+            {"Cached": 10, "Mapped": 4, "MemAvailable": 7, "MemFree": 2},
+            {"cached": 10, "mapped": 4, "unmapped": 6, "available": 7, "free": 2},
+        ),
+        (
+            {"Cached": 3, "Mapped": 5, "MemFree": 9},
+            {"cached": 3, "mapped": 5, "unmapped": 0, "available": 9, "free": 9},
+        ),
+        ({}, {"cached": 0, "mapped": 0, "unmapped": 0, "available": 0, "free": 0}),
     ],
 )
 def test_cache_view(meminfo, expected):
@@ -201,8 +207,8 @@ def test_keep_bytes(ra_kb, expected_mib):
     assert _guard_sweeper.keep_bytes(ra_kb) == expected_mib * MIB
 
 
-def _view(unmapped, available=10**12):
-    return {"cached": unmapped, "mapped": 0, "unmapped": unmapped, "available": available}
+def _view(unmapped, available=10**12, free=10**12):
+    return {"cached": unmapped, "mapped": 0, "unmapped": unmapped, "available": available, "free": free}
 
 
 @pytest.mark.parametrize(
@@ -244,6 +250,35 @@ def test_adaptive_policy_available_trigger_backs_off_when_useless():
     policy.acted(3.0, "available", low, _view(0, available=600 * MIB))
     assert policy.observe(3.01, low) == "available"
     assert _guard_memory.AdaptivePolicy(32, 0, 0).observe(0.0, low) is None  # 0 = trigger off
+
+
+def test_adaptive_policy_holds_growth_while_memfree_is_above_the_line():
+    policy = _guard_memory.AdaptivePolicy(32, 0, 100 * MIB, act_below_free_mib=1000)
+    # grown 400 MiB, but 2000 MiB free: held, not acted on, and counted
+    assert policy.observe(0.0, _view(500 * MIB, free=2000 * MIB)) is None
+    assert policy.held and policy.held_ticks == 1
+    assert policy.observe(0.1, _view(600 * MIB, free=1000 * MIB)) is None  # at the line: still held
+    assert policy.held_ticks == 2
+    # below the line: all the growth since the last action counts (the reference did not move)
+    assert policy.observe(0.2, _view(700 * MIB, free=999 * MIB)) == "growth"
+    assert not policy.held and policy.held_ticks == 2
+    # no growth: neither held nor acted, whatever MemFree says
+    policy.acted(0.2, "growth", _view(700 * MIB), _view(100 * MIB))
+    assert policy.observe(0.3, _view(110 * MIB, free=5000 * MIB)) is None and not policy.held
+    # the line does not touch the MemAvailable trigger
+    low = _view(0, available=10 * MIB, free=5000 * MIB)
+    assert _guard_memory.AdaptivePolicy(32, 100, 0, act_below_free_mib=1000).observe(0.0, low) == "available"
+    # 0: every growth acts, the view's MemFree never read
+    assert _guard_memory.AdaptivePolicy(32, 0, 0).observe(0.0, {"unmapped": 64 * MIB, "available": 1}) == "growth"
+
+
+@pytest.mark.parametrize(
+    "headroom, rate, expected",
+    [(100 * MIB, 0.0, 0.1), (100 * MIB, -5.0, 0.1), (0, 1e9, 0.01), (-1, 1e9, 0.01), (10 * MIB, 200 * MIB, 0.05),
+     (10 * MIB, 1e12, 0.01), (10**12, 1.0, 0.1)],
+)  # fmt: skip
+def test_sleep_until(headroom, rate, expected):
+    assert _guard_memory.sleep_until(headroom, rate, 0.1) == pytest.approx(expected)
 
 
 def test_adaptive_policy_backoff_is_capped():
@@ -633,10 +668,11 @@ def _fake_proc(tmp_path, cached_mib=1000, mapped_mib=100, available_mib=20000):
     return proc
 
 
-def _set_meminfo(proc, cached_mib, mapped_mib=100, available_mib=20000):
+def _set_meminfo(proc, cached_mib, mapped_mib=100, available_mib=20000, free_kb=10000000):
     (proc / "meminfo").write_text(
-        "MemTotal: 24000000 kB\nMemFree: 10000000 kB\nMemAvailable: %d kB\nCached: %d kB\n"
-        "Mapped: %d kB\nAnonPages: 1 kB\nDirty: 0 kB\n" % (available_mib * 1024, cached_mib * 1024, mapped_mib * 1024)
+        "MemTotal: 24000000 kB\nMemFree: %d kB\nMemAvailable: %d kB\nCached: %d kB\n"
+        "Mapped: %d kB\nAnonPages: 1 kB\nDirty: 0 kB\n"
+        % (free_kb, available_mib * 1024, cached_mib * 1024, mapped_mib * 1024)
     )
 
 
@@ -689,6 +725,45 @@ def test_adaptive_without_paths_drops_only_past_the_threshold(tmp_path):
     assert status["peak_growth_mib"] == 533.0
     assert status["peak_unmapped_growth_mib"] == 33.0
     assert status["peak_mapped_mib"] == 600.0
+
+
+def test_adaptive_leaves_growth_alone_while_memfree_is_above_act_below_free(tmp_path):
+    proc = _fake_proc(tmp_path, cached_mib=1000, mapped_mib=0)
+    drop = proc / "sys" / "vm" / "drop_caches"
+    clock = Clock()
+    config = _config(proc, tmp_path, "--mode", "adaptive", "--threshold-mib", "16", "--act-below-free-mib", "4000")
+    assert config["act_below_free_mib"] == 4000
+    guard = g.Guard(config, clock)
+    guard.preflight()
+    # the cache grows 1000 MiB in 0.1 s with 9000 MiB free: held; it looks again when, at that rate, MemFree
+    # would reach the line: 5000 MiB / 10000 MiB/s = 0.5 s, capped at the interval
+    _set_meminfo(proc, 2000, 0, free_kb=9000 * 1024)
+    clock.now += 0.1
+    drop.write_text("")
+    assert guard.tick() == pytest.approx(0.1)
+    assert drop.read_text() == "" and guard.policy.held
+    # 4100 MiB free, still growing at 10 GiB/s: 100 MiB of headroom -> 0.01 s
+    _set_meminfo(proc, 3000, 0, free_kb=4100 * 1024)
+    clock.now += 0.1
+    assert guard.tick() == pytest.approx(0.01)
+    assert drop.read_text() == ""
+    # below the line: the first tick drops, for all the growth held so far
+    _set_meminfo(proc, 3010, 0, free_kb=3990 * 1024)
+    clock.now += 0.1
+    guard.tick()
+    assert drop.read_text() == "1\n" and not guard.policy.held
+    status = guard.status("running")
+    assert status["held_ticks"] == 2 and status["triggers"] == {"growth": 1}
+    assert status["config"]["act_below_free_mib"] == 4000
+
+
+@pytest.mark.parametrize("value", ["-1", "1048577", "1.5", "lots", "\uff11"])
+def test_act_below_free_mib_bad_values_name_the_option(value, capsys):
+    with pytest.raises(SystemExit) as exc:
+        g.parse_config(["--name", "t", "--act-below-free-mib", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--act-below-free-mib" in err and "Traceback" not in err
 
 
 def test_adaptive_polls_faster_while_the_cache_grows(tmp_path):
