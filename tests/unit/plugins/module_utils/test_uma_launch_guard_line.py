@@ -35,8 +35,8 @@ def test_guard_free_line(config, host_need, expected):
 def base(tmp_path, **extra):
     (tmp_path / "model").mkdir(exist_ok=True)
     (tmp_path / "model" / "model.safetensors").write_bytes(b"\0" * 4096)
-    meminfo = "MemTotal: %d kB\nMemFree: %d kB\nMemAvailable: %d kB\n" % (128 * GIB // 1024, 100 * GIB // 1024,
-                                                                       100 * GIB // 1024)  # fmt: skip
+    free_kb = 100 * GIB // 1024
+    meminfo = "MemTotal: %d kB\nMemFree: %d kB\nMemAvailable: %d kB\n" % (128 * GIB // 1024, free_kb, free_kb)
     return node_helpers.launch_config(tmp_path, meminfo, **extra)
 
 
