@@ -124,6 +124,12 @@ class GuardConfig:
             spell("act_below_free_mib"), self.act_below_free_mib, 0, MAX_MIB,
             "Give MiB of MemFree below which growth is evicted (e.g. the engine's request), or 0 to act always.",
         )  # fmt: skip
+        if act_below_free and self.mode != "adaptive":
+            raise UmaError(
+                spell("act_below_free_mib"), self.act_below_free_mib,
+                "has no effect with mode=%s (only the adaptive mode waits for growth)" % self.mode,
+                "Use mode adaptive, or leave it 0.",
+            )  # fmt: skip
         drop_level = require_int(spell("drop_level"), self.drop_level, 1, 3, "Give 1 or 3.")
         if drop_level not in DROP_LEVELS:
             raise UmaError(spell("drop_level"), self.drop_level, "is not 1 or 3", "Give 1 (page cache) or 3 (+slab).")

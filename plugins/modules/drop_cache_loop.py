@@ -81,7 +81,7 @@ options:
   act_below_free_mib:
     description:
       - The adaptive mode evicts growth only while C(MemFree) is below this (MiB); 0 (the default) acts at every
-        O(threshold_mib) of growth. 0 to 1048576.
+        O(threshold_mib) of growth. 0 to 1048576; other than 0 only with O(mode=adaptive).
       - Page cache in free memory stands in nobody's way, and evicting it costs the kernel about 0.15 s of CPU per
         GiB freed; give the memory the loader's engine will still take (the launcher gives the engine's startup
         request).

@@ -107,6 +107,10 @@ def test_the_last_launch_was_admitted_and_reached_health(host):
     assert record["healthy_at"] is not None and record["failed_at"] is None
     assert record["admission"]["admitted"] is True
     assert record["plan"]["kv_cache_bytes"] > 0
+    # the guard's line (guard_act_below_free_mib auto): the engine's startup request, admission's figure
+    guard = record["guard_status"]
+    assert guard["config"]["act_below_free_mib"] == -(-record["admission"]["need_bytes"] // (1 << 20)), guard
+    assert guard["stop_reason"] == "signal" and guard["locked_kib"] > 0, guard
 
 
 def test_the_watchdog_runs_beside_the_engine(host):

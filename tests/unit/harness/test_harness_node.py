@@ -364,7 +364,10 @@ class GuardCli:
             how = variant or data.draw(st.sampled_from(self.VALID), label="variant")
             if how == "as the launcher writes it":  # uma_launch.py's start_guard: str() of its numbers
                 argv += ["--interval", str(0.1), "--threshold-mib", str(16), "--max-duration", str(1800.0),
-                         "--until-pid", str(os.getpid()), "--act-below-free-mib", str(4096)]  # fmt: skip
+                         "--until-pid", str(os.getpid())]  # fmt: skip
+                # the launcher's adaptive guard with its line (files mode takes no line)
+                argv[argv.index("files")] = "adaptive"
+                argv += ["--act-below-free-mib", str(4096)]
             if how == "relative status file":  # documented: made absolute against the working directory
                 argv[argv.index("--status-file") + 1] = "guard.json"
             elif how == "numbers as text":

@@ -32,6 +32,8 @@ BAD = [
     (dict(act_below_free_mib=-1), "act_below_free_mib", "is below the minimum 0"),
     (dict(act_below_free_mib=1048577), "act_below_free_mib", "is above the maximum 1048576"),
     (dict(act_below_free_mib=True), "act_below_free_mib", "boolean"),
+    (dict(act_below_free_mib=512, mode="global"), "act_below_free_mib", "has no effect with mode=global"),
+    (dict(act_below_free_mib=512, mode="files", paths=["/"]), "act_below_free_mib", "has no effect with mode=files"),
     (dict(drop_level=2), "drop_level", "is not 1 or 3"),
     (dict(mode="turbo"), "mode", "is not a guard mode"),
     (dict(mode="files"), "paths", "is empty but mode=files"),

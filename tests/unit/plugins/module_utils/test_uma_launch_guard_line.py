@@ -90,3 +90,11 @@ def test_the_guard_gets_the_line(tmp_path, monkeypatch, plan, extra, mode, line)
         assert argv[argv.index("--act-below-free-mib") + 1] == line
     out = launch.log.out.getvalue()
     assert ("act_below_free_mib" in out) is True
+
+
+def test_a_line_with_a_mode_that_has_no_growth_trigger_is_refused(tmp_path):
+    with pytest.raises(UmaError) as err:
+        uma_launch.validate(base(tmp_path, guard_mode="files", guard_act_below_free_mib=512))
+    assert err.value.option == "guard_act_below_free_mib" and "has no effect with mode=files" in err.value.message
+    # auto with files: no line, no refusal (the role's default with an engine that asks for files)
+    assert uma_launch.validate(base(tmp_path, guard_mode="files"))["guard_act_below_free_mib"] == "auto"
