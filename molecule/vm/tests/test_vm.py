@@ -22,15 +22,6 @@ PROGRAMS = yaml.safe_load((ROOT / "roles" / "launch_wrapper" / "vars" / "main.ym
 ]
 
 
-def _settings(text):
-    result = {}
-    for line in text.splitlines():
-        if line.strip() and not line.startswith("#"):
-            key, _unused, value = line.partition("=")
-            result[key.strip()] = value.strip()
-    return result
-
-
 def _planned_min_free_kbytes(host):
     """inventories/vm's uma_min_free_kbytes: the Spark rule's 121 GiB value scaled to the guest's memtotal_mb."""
     memtotal_kb = int(host.check_output("awk '/^MemTotal:/ {print $2}' /proc/meminfo"))
@@ -65,7 +56,8 @@ def test_node_prep_sysctls_are_in_force_and_persisted(host):
     f = host.file("/etc/sysctl.d/90-vllm.conf")
     assert f.exists and f.user == "root" and f.mode == 0o644
     assert "Managed by uma.vllm" in f.content_string.splitlines()[0]
-    assert _settings(f.content_string) == want
+    pairs = [line.partition("=") for line in f.content_string.splitlines() if line.strip() and line[0] != "#"]
+    assert {key.strip(): value.strip() for key, _unused, value in pairs} == want
     for key, value in want.items():
         assert host.file("/proc/sys/" + key.replace(".", "/")).content_string.strip() == value, key
     original = json.loads(host.file("/var/lib/uma-vllm/sysctl-original.json").content_string)
