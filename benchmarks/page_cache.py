@@ -501,7 +501,6 @@ def one_run(
     peak_cached = max([s[1] for s in window] + [base["Cached"]])
     peak_mapped = max([s[2] for s in window] + [base["Mapped"]])
     peak_resident = max([s[3] for s in window] + [0])
-    base.setdefault("MemFree", 0)
     min_resident = min(sampled["bystander_min_resident"], by_after / float(by_size))
     result.update(
         {

@@ -370,10 +370,10 @@ class Launch:
             argv += ["--paths", self.config["model_path"]]
         if self.config.get("guard_lock_memory"):
             argv.append("--lock-memory")
-        free_line, why = (
-            _launch_node.guard_free_line(self.config, self.admission_need()[0]) if mode == "adaptive" else (0, mode)
-        )
-        argv += ["--act-below-free-mib", str(free_line)] if mode == "adaptive" else []
+        free_line, why = 0, "mode %s has no line" % mode
+        if mode == "adaptive":
+            free_line, why = _launch_node.guard_free_line(self.config, self.admission_need()[0])
+            argv += ["--act-below-free-mib", str(free_line)]
         os.makedirs(self.record_dir, exist_ok=True)
         started = time.monotonic()
         self.guard = subprocess.Popen(argv, preexec_fn=_set_pdeathsig, stdin=subprocess.DEVNULL)  # noqa: PLW1509

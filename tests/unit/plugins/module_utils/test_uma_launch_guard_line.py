@@ -88,8 +88,9 @@ def test_the_guard_gets_the_line(tmp_path, monkeypatch, plan, extra, mode, line)
         assert "--act-below-free-mib" not in argv
     else:
         assert argv[argv.index("--act-below-free-mib") + 1] == line
-    out = launch.log.out.getvalue()
-    assert ("act_below_free_mib" in out) is True
+    step = next(s for s in launch.log.steps if s["name"] == "guard-started")
+    assert step["act_below_free_mib"] == int(line or 0)
+    assert "act_below_free_mib=%d" % int(line or 0) in launch.log.out.getvalue()
 
 
 def test_a_line_with_a_mode_that_has_no_growth_trigger_is_refused(tmp_path):
