@@ -311,7 +311,7 @@ class Readahead(Target):
 class Guard(Target):
     name = "drop_cache_loop"
     module = drop_cache_loop
-    numeric = ("interval", "threshold_mib", "min_available_mib", "max_duration", "until_pid")
+    numeric = ("interval", "threshold_mib", "min_available_mib", "act_below_free_mib", "max_duration", "until_pid")
     paths = ("run_dir", "proc_root", "lib_dir", "samples_file")
     keep = ("python",)
     faults = {

@@ -321,6 +321,10 @@ def test_stale_status_is_not_taken_for_the_new_guard(run_module, node):
         (dict(threshold_mib=0), "threshold_mib", "below the minimum 1"),
         (dict(threshold_mib="32M"), "threshold_mib", "is not an integer"),
         (dict(min_available_mib=-1), "min_available_mib", "below the minimum 0"),
+        (dict(act_below_free_mib=-1), "act_below_free_mib", "below the minimum 0"),
+        (dict(act_below_free_mib="2G"), "act_below_free_mib", "is not an integer"),
+        (dict(act_below_free_mib=1048577), "act_below_free_mib", "above the maximum 1048576"),
+        (dict(act_below_free_mib=512), "act_below_free_mib", "has no effect with mode=files"),
         (dict(drop_level=2), None, "value of drop_level must be one of"),
         (dict(max_duration=0), "max_duration", "must be > 0"),
         (dict(max_duration=-1), "max_duration", "must be > 0"),
@@ -362,6 +366,7 @@ def test_global_mode_needs_writable_drop_caches(run_module, node, tmp_path):
     [
         dict(mode="files", paths=["/"], interval=0.1, max_duration=20),
         dict(mode="adaptive", paths=[], threshold_mib=64, min_available_mib=512, drop_level=3, until_pid=1),
+        dict(mode="adaptive", paths=["/"], act_below_free_mib=4096),
         dict(mode="global", paths=[], interval=1, until_url="http://127.0.0.1:8000/health", samples_file="/var/lib/s"),
     ],
 )
@@ -372,7 +377,8 @@ def test_command_is_accepted_by_the_real_guard(options):
     argv = _guard_service.guard_command(req, config, "/run/uma-vllm/guard-g.json")
     assert argv[:2] == ["/usr/bin/python3", "/usr/local/lib/uma-vllm/uma_guard.py"]
     parsed = uma_guard.validate(uma_guard.build_parser().parse_args(argv[2:]))
-    for key in ("mode", "paths", "interval", "threshold_mib", "min_available_mib", "drop_level", "max_duration"):
+    for key in ("mode", "paths", "interval", "threshold_mib", "min_available_mib", "act_below_free_mib", "drop_level",
+                "max_duration"):  # fmt: skip
         assert parsed[key] == config[key], key
     assert parsed["until_url"] == config["until_url"] and parsed["until_pid"] == config["until_pid"]
     assert parsed["status_file"] == "/run/uma-vllm/guard-g.json"
