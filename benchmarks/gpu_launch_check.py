@@ -13,6 +13,8 @@ run as on a node, with the planner's budget as its plan.
 
 Cases (each one engine start, one after the other; the card is otherwise idle):
   context      the CUDA context of one process: nvidia-smi's free memory before and during
+  contexts     (--contexts) two processes' contexts on the card, one after the other, with
+               CUDA_MODULE_LOADING=LAZY (the default) and EAGER: what each takes, what the second one sees free
   plan         the planner for this card (uma.vllm.vllm_flags' plan(), unified_memory false, the card's
                CUDA total) with a pinned KV cache -> gmu; the old edge (reserve 0) -> gmu; the new default
                on the same KV -> refused; the largest KV the new default accepts -> gmu
@@ -21,6 +23,8 @@ Cases (each one engine start, one after the other; the card is otherwise idle):
   edge-old     the old edge plan's gmu and KV, admission off: vLLM's startup check; then the same plan
                through the GPU admission (refused) and the host admission (host RAM decides)
   edge-new     the new default's largest plan through the launcher: healthy (the context left free)
+  edge-new-eager  the same plan, the engine's env CUDA_MODULE_LOADING=EAGER: its larger context fails vLLM's check
+  edge-eager   the largest plan the planner makes with that env: healthy (the eager context left free)
   hog          another process holds all but (request - 2 GiB) of the card: the launcher's GPU
                admission refuses, naming the GPU; then the same with --admission-memory host: admitted
                on host MemAvailable, and the engine's own check fails as the GPU admission said
@@ -34,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import select
 import signal
 import subprocess
 import sys
@@ -77,6 +82,51 @@ f, t = torch.cuda.mem_get_info()
 print(json.dumps({"smi_free_before_mib": before, "smi_free_during_mib": free(), "cuda_free": f, "cuda_total": t,
                   "torch": torch.__version__, "cuda": torch.version.cuda}))
 """
+
+CONTEXT_HOLD = r"""
+import json, sys, torch
+torch.cuda.set_device(0); torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+f, t = torch.cuda.mem_get_info()
+print(json.dumps({"cuda_free": f, "cuda_total": t}), flush=True)
+sys.stdin.read()
+"""
+
+
+def contexts(loading: str, timeout: float = 180.0) -> Dict[str, Any]:
+    """Two processes' CUDA contexts on one card, one after the other, with CUDA_MODULE_LOADING=loading:
+    nvidia-smi's free memory before, with one and with both; what the second one's mem_get_info saw
+    (the free memory a second engine's startup check would compare)."""
+    env = dict(os.environ, CUDA_MODULE_LOADING=loading)
+    row: Dict[str, Any] = {"loading": loading, "smi_free_mib": [smi()[0]["free_mib"]], "seen": []}
+    procs: List[subprocess.Popen] = []
+    try:
+        for _index in range(2):
+            t0 = time.monotonic()
+            proc = subprocess.Popen([sys.executable, "-c", CONTEXT_HOLD], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+            procs.append(proc)
+            assert proc.stdout is not None
+            ready = select.select([proc.stdout], [], [], timeout)[0]
+            if not ready:
+                row["error"] = "no context within %ss" % timeout
+                return row
+            row["seen"].append(json.loads(proc.stdout.readline()))
+            row.setdefault("start_s", []).append(round(time.monotonic() - t0, 2))
+            row["smi_free_mib"].append(smi()[0]["free_mib"])
+        free = row["smi_free_mib"]
+        row["first_mib"] = free[0] - free[1]
+        row["second_mib"] = free[1] - free[2]
+        return row
+    finally:
+        for proc in procs:
+            if proc.stdin:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
 
 HOG = r"""
 import sys, time, torch
@@ -198,6 +248,8 @@ def main() -> int:
     p.add_argument("--work", default="/tmp/gpu-launch-check")
     p.add_argument("--pad-gib", type=float, default=4.0, help="checkpoint size (lab/make_model.py --pad-gib)")
     p.add_argument("--kv-gib", type=float, default=16.0, help="the launch case's pinned KV cache")
+    p.add_argument("--contexts", action="store_true",
+                   help="also two processes' contexts on the card, CUDA_MODULE_LOADING LAZY and EAGER")  # fmt: skip
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
     out: Dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "cases": []}
@@ -214,6 +266,11 @@ def main() -> int:
     out["context"] = ctx
     say("CUDA context: %s" % json.dumps(ctx))
     save()
+    if args.contexts:
+        out["contexts"] = [contexts(mode) for mode in ("LAZY", "EAGER")]
+        for row in out["contexts"]:
+            say("contexts %s: %s" % (row["loading"], json.dumps(row)))
+        save()
 
     model = os.path.join(args.work, "model")
     t0 = time.monotonic()
@@ -251,8 +308,14 @@ def main() -> int:
     kv_new = room - int(probe.get("cuda_context_bytes") or 0) - 64 * MIB
     kv_new -= kv_new % (2 * MIB)
     new_edge = plan(kv_cache_memory_bytes=kv_new)
+    # the engine's env with CUDA_MODULE_LOADING=EAGER: the planner keeps the larger context it measured
+    eager_env = {"CUDA_MODULE_LOADING": "EAGER"}
+    eager_ctx = plan(kv_cache_memory_bytes=int(args.kv_gib * GIB), env=eager_env)["budget"]["cuda_context_bytes"]
+    kv_eager = room - int(eager_ctx) - 64 * MIB
+    kv_eager -= kv_eager % (2 * MIB)
+    eager_edge = plan(kv_cache_memory_bytes=kv_eager, env=eager_env)
     out["plans"] = {"launch": pa, "old_edge": old, "new_same_kv": new_same, "new_edge": new_edge,
-                    "kv_old": kv_old, "kv_new": kv_new}  # fmt: skip
+                    "kv_old": kv_old, "kv_new": kv_new, "eager_edge": eager_edge, "kv_eager": kv_eager}  # fmt: skip
     say(
         "plans: launch gmu %s; old edge gmu %s; new default on that KV: %s; new edge gmu %s"
         % (pa.get("gmu"), old.get("gmu"), "refused" if not new_same["ok"] else new_same.get("gmu"), new_edge.get("gmu"))
@@ -276,6 +339,14 @@ def main() -> int:
     if new_edge["ok"]:
         out["cases"].append(launch(args.work, "edge-new", model, new_edge["budget"], new_edge["gmu"],
                                    new_edge["kv"], port, [], True))  # fmt: skip
+        # the same plan (made for lazy loading), the engine's env CUDA_MODULE_LOADING=EAGER: a larger context
+        out["cases"].append(launch(args.work, "edge-new-eager", model, new_edge["budget"], new_edge["gmu"],
+                                   new_edge["kv"], port, [], False, cfg_extra={"env": eager_env}))  # fmt: skip
+        save()
+    if eager_edge["ok"]:
+        # the plan made with that env: the planner keeps the eager context free
+        out["cases"].append(launch(args.work, "edge-eager", model, eager_edge["budget"], eager_edge["gmu"],
+                                   eager_edge["kv"], port, [], True, cfg_extra={"env": eager_env}))  # fmt: skip
         save()
     # another process holds the card: leave (request - 2 GiB) free
     request = pa["budget"]["requested_memory_bytes"]

@@ -269,9 +269,12 @@ def stamp() -> str:
 # memory node that free memory is the host's MemAvailable; on a discrete GPU it is the card's.
 
 # The CUDA context vLLM's free-memory snapshot is taken after, where the plan has no cuda_context_bytes:
-# 523.6 and 619 MiB measured on two NVIDIA H200 machines, driver 580.159.04, torch 2.11 (docs/BENCHMARKS.md);
+# 523.6-620 MiB measured on NVIDIA H200 and H100 machines, driver 580.159.04, torch 2.11 (docs/BENCHMARKS.md);
 # the planner's CUDA_CONTEXT_BYTES (_vllm_plan_budget.py), the same figure
 CUDA_CONTEXT_BYTES = 805306368  # 0.75 GiB
+# ... and with CUDA_MODULE_LOADING=EAGER in the engine's env: 1258-1260 MiB measured on an H200 and an H100
+# (benchmarks/gpu_launch_check.py --contexts); the planner's CUDA_CONTEXT_EAGER_BYTES, the same figure
+CUDA_CONTEXT_EAGER_BYTES = 1610612736  # 1.5 GiB
 NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,memory.free,memory.total", "--format=csv,noheader,nounits")
 NVIDIA_SMI_TIMEOUT_S = 5.0
 MIB = 1 << 20
@@ -330,7 +333,8 @@ def gpu_need(config: Dict[str, Any]) -> Tuple[Optional[int], str]:
     need, no context added; in host mode it is the node's whole need, every rank included).
     Else the plan's ``requested_memory_bytes`` (one rank's request, ceil(total x
     gpu_memory_utilization) of its GPU) plus the CUDA context the snapshot is taken after
-    (the plan's ``cuda_context_bytes``, else CUDA_CONTEXT_BYTES)."""
+    (the plan's ``cuda_context_bytes``, else CUDA_CONTEXT_BYTES; at least CUDA_CONTEXT_EAGER_BYTES where
+    the engine's env says CUDA_MODULE_LOADING=EAGER, whatever the plan was made with)."""
     given = config.get("admission_request_bytes")
     if given:
         return int(given), "admission_request_bytes (per GPU)"
@@ -341,6 +345,10 @@ def gpu_need(config: Dict[str, Any]) -> Tuple[Optional[int], str]:
     context = plan.get("cuda_context_bytes")
     ok = isinstance(context, int) and not isinstance(context, bool) and 0 <= context < (1 << 40)
     context, said = (context, "plan cuda_context_bytes") if ok else (CUDA_CONTEXT_BYTES, "default")
+    env = config.get("env") if isinstance(config.get("env"), dict) else {}
+    eager = str(env.get("CUDA_MODULE_LOADING", "")).strip().upper() == "EAGER"
+    if eager and context < CUDA_CONTEXT_EAGER_BYTES:
+        context, said = CUDA_CONTEXT_EAGER_BYTES, "env CUDA_MODULE_LOADING=EAGER; the plan kept less"
     return request + context, "plan requested_memory_bytes + CUDA context %.2f GiB (%s)" % (context / GIB_F, said)
 
 

@@ -73,10 +73,24 @@ NON_TORCH_PER_TP_V06 = GIB * 18 // 10
 
 # A discrete GPU's CUDA context: the process's first CUDA call takes it from the card's free memory
 # before vLLM's startup snapshot (free must be >= total x gpu_memory_utilization): 523.6 MiB and
-# 619 MiB measured on two NVIDIA H200 machines, driver 580.159.04, torch 2.11.0+cu130 (docs/BENCHMARKS.md;
-# 0.55 GiB was refuted there by benchmarks/gpu_launch_check.py: the check failed by 46 MiB) -> 0.75 GiB,
-# the default reserve_gib on a discrete GPU; the launcher's GPU admission adds the same figure.
+# 619-620 MiB measured on NVIDIA H200 machines and 620 MiB on an H100, driver 580.159.04, torch 2.11.0+cu130
+# (docs/BENCHMARKS.md; 0.55 GiB was refuted there by benchmarks/gpu_launch_check.py: the check failed by
+# 46 MiB) -> 0.75 GiB, the default reserve_gib on a discrete GPU; the launcher's GPU admission adds the
+# same figure.
 CUDA_CONTEXT_BYTES = GIB * 3 // 4
+# With CUDA_MODULE_LOADING=EAGER in the engine's environment every kernel of every loaded CUDA library is
+# loaded at the first CUDA call: 1258-1260 MiB per process (two processes, one after the other) on an H200
+# and an H100 that gave 618-620 MiB lazily (benchmarks/gpu_launch_check.py --contexts; PyTorch's own
+# kernels only: vLLM's kernel libraries were not measured and add more) -> 1.5 GiB.
+CUDA_CONTEXT_EAGER_BYTES = GIB * 3 // 2
+
+
+def cuda_context_bytes(env: Dict[str, str]) -> Tuple[int, str]:
+    """The CUDA context a discrete GPU's engine takes before vLLM's startup snapshot, and why."""
+    loading = str(env.get("CUDA_MODULE_LOADING", "")).strip().upper()
+    if loading == "EAGER":
+        return CUDA_CONTEXT_EAGER_BYTES, "the CUDA context with env CUDA_MODULE_LOADING=EAGER"
+    return CUDA_CONTEXT_BYTES, "the CUDA context vLLM's startup check is taken after"
 
 
 def activation_reserve(desc: Dict[str, Any], ctx: PlanContext) -> Dict[str, int]:
@@ -139,8 +153,8 @@ def _apply_startup_reserve(ctx: PlanContext) -> Optional[str]:
             # Discrete GPU: vLLM's startup snapshot is taken after the process's CUDA context,
             # which the card's total still counts: a request of total x gmu leaving less than the
             # context free fails the check before any weight is loaded.
-            ctx.reserve_bytes = CUDA_CONTEXT_BYTES
-            return "derived: the CUDA context vLLM's startup check is taken after (%.2f GiB)" % gib(CUDA_CONTEXT_BYTES)
+            ctx.reserve_bytes, why = cuda_context_bytes(ctx.env)
+            return "derived: %s (%.2f GiB)" % (why, gib(ctx.reserve_bytes))
         return "reserve_gib" if ctx.reserve_given else None
     needed = model["reserve_bytes"]
     if not ctx.reserve_given:
@@ -274,7 +288,7 @@ def base_budget(ctx: PlanContext, layout: KvLayout, fp: Footprint) -> Dict[str, 
         "ranks_per_node": fp.ranks,
         "unified_memory": ctx.unified,
         "gpus_per_node": ctx.ranks_per_node,
-        "cuda_context_bytes": None if ctx.unified else CUDA_CONTEXT_BYTES,
+        "cuda_context_bytes": None if ctx.unified else cuda_context_bytes(ctx.env)[0],
         "kv_budget_source": fp.kv_source,
         "block_size": ctx.block_size,
         "kv_cache_groups": len(groups),

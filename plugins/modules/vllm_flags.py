@@ -63,9 +63,11 @@ options:
         watermark + RAM/256 + a given O(node_baseline_gib) + O(other_engines_gib)) is refused with the
         numbers; one between that floor and the derived value is accepted with a warning."
       - Without O(total_memory_gib) it defaults to 0. On a discrete GPU (O(unified_memory=false)) it defaults to
-        0.75 GiB, the CUDA context each process takes from the card before vLLM's startup check (523.6 and
-        619 MiB measured on two NVIDIA H200 machines, driver 580), so the planned O(gpu_memory_utilization)
-        leaves it free.
+        0.75 GiB, the CUDA context each process takes from the card before vLLM's startup check (523.6 to
+        620 MiB measured on NVIDIA H200 and H100 machines, driver 580), so the planned
+        O(gpu_memory_utilization) leaves it free; 1.5 GiB where O(env) sets C(CUDA_MODULE_LOADING=EAGER)
+        (1260 MiB measured with PyTorch's kernels alone; vLLM's own were not measured, so give O(reserve_gib)
+        from a measurement there).
     type: float
   min_free_kbytes:
     description:

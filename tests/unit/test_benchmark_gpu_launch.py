@@ -1,11 +1,11 @@
-"""benchmarks/gpu_launch_check.py's recorded run on an NVIDIA H200 (the planner and the launcher on a real
-discrete card; the engine is lab/vm/uma_loader.py --driver cuda, a stand-in: vLLM is not on that machine).
+"""benchmarks/gpu_launch_check.py's recorded runs on NVIDIA H200 and H100 cards (the planner and the launcher on a
+real discrete card; the engine is lab/vm/uma_loader.py --driver cuda, a stand-in: vLLM is not on those machines).
 
-The run needs the GPU (not here); its output is
-tests/unit/fixtures/platform/nvidia-h200-driver-580.159.04/gpu_launch_check.{json,txt}. These tests hold
-today's code to what the card showed: the CUDA context the planner and the launcher leave free covers every
-context measured there, vLLM's startup rule (the stand-in's) explains each engine's fate, and the launcher's
-GPU admission, replayed on the recorded nvidia-smi figures, decides as it did there.
+The runs need the GPU (not here); their outputs are tests/unit/fixtures/platform/<card>-driver-580.159.04/
+gpu_launch_check*.{json,txt}. These tests hold today's code to what the cards showed: the CUDA context the
+planner and the launcher leave free covers every context measured there (lazy and eager module loading),
+vLLM's startup rule (the stand-in's) explains each engine's fate, and the launcher's GPU admission, replayed
+on the recorded nvidia-smi figures, decides as it did there.
 """
 
 from __future__ import annotations
@@ -21,11 +21,24 @@ from ansible_collections.uma.vllm.plugins.module_utils import _launch_node
 from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget_mod
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-H200 = ROOT / "tests" / "unit" / "fixtures" / "platform" / "nvidia-h200-driver-580.159.04"
-RUN = json.loads((H200 / "gpu_launch_check.json").read_text())
-CASES = {case["case"]: case for case in RUN["cases"]}
+PLATFORM = ROOT / "tests" / "unit" / "fixtures" / "platform"
+H200 = PLATFORM / "nvidia-h200-driver-580.159.04"
+H100 = PLATFORM / "nvidia-h100-80gb-hbm3-driver-580.159.04"
+# the first H200 run (7 cases); a second H200 machine with --contexts (the same 7 cases); an H100 with
+# --contexts and the two eager cases
+RUNS = {
+    "h200": json.loads((H200 / "gpu_launch_check.json").read_text()),
+    "h200-contexts": json.loads((H200 / "gpu_launch_check_contexts.json").read_text()),
+    "h100": json.loads((H100 / "gpu_launch_check.json").read_text()),
+}
+CARDS = {"h200": "NVIDIA H200", "h200-contexts": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
+SEVEN = {"launch", "edge-old", "edge-old-gpu", "edge-old-host", "edge-new", "hog-gpu", "hog-host"}
 GIB = 1 << 30
 MIB = 1 << 20
+
+
+def _cases(run):
+    return {case["case"]: case for case in RUNS[run]["cases"]}
 
 
 def _loader():
@@ -35,34 +48,66 @@ def _loader():
     return module
 
 
-def test_the_recorded_run_is_whole():
-    assert RUN["machine"]["gpus"][0]["name"] == "NVIDIA H200" and RUN["machine"]["gpus"][0]["driver"] == "580.159.04"
-    assert set(CASES) == {"launch", "edge-old", "edge-old-gpu", "edge-old-host", "edge-new", "hog-gpu", "hog-host"}
-    assert RUN["all_as_expected"] is True
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_the_recorded_run_is_whole(run):
+    gpu = RUNS[run]["machine"]["gpus"][0]
+    assert gpu["name"] == CARDS[run] and gpu["driver"] == "580.159.04"
+    eager = {"edge-new-eager", "edge-eager"} if run == "h100" else set()
+    assert set(_cases(run)) == SEVEN | eager
+    assert RUNS[run]["all_as_expected"] is True
 
 
-def test_the_cuda_context_left_free_covers_every_context_measured_on_the_card():
+def _engine_env(case):
+    return (case.get("config_extra") or {}).get("env") or {}
+
+
+def test_the_cuda_context_left_free_covers_every_context_measured_on_the_cards():
     assert budget_mod.CUDA_CONTEXT_BYTES == _launch_node.CUDA_CONTEXT_BYTES  # planner and launcher: one figure
-    ctx = RUN["context"]
-    contexts = [ctx["cuda_total"] - ctx["cuda_free"], ctx["context_mib"] * MIB]
-    # each engine's own: the card's total minus what its startup snapshot saw free (an idle card)
-    contexts += [
-        c["stand_in_facts"]["total_at_check"] - c["stand_in_facts"]["free_at_check"]
-        for c in RUN["cases"]
-        if c["used_before_mib"] == 0 and c["stand_in_facts"].get("free_at_check")
-    ]
+    assert budget_mod.CUDA_CONTEXT_EAGER_BYTES == _launch_node.CUDA_CONTEXT_EAGER_BYTES
+    lazy, eager = [], []
+    for run in RUNS.values():
+        ctx = run["context"]
+        lazy += [ctx["cuda_total"] - ctx["cuda_free"], ctx["context_mib"] * MIB]
+        # each engine's own: the card's total minus what its startup snapshot saw free (an idle card)
+        for c in run["cases"]:
+            if c["used_before_mib"] == 0 and c["stand_in_facts"].get("free_at_check"):
+                seen = c["stand_in_facts"]["total_at_check"] - c["stand_in_facts"]["free_at_check"]
+                (eager if _engine_env(c).get("CUDA_MODULE_LOADING") == "EAGER" else lazy).append(seen)
+        # two processes one after the other (--contexts): each one's and the second one's own view
+        for row in run.get("contexts") or []:
+            figures = [row["first_mib"] * MIB, row["second_mib"] * MIB]
+            figures += [row["seen"][0]["cuda_total"] - row["seen"][0]["cuda_free"]]
+            (eager if row["loading"] == "EAGER" else lazy).extend(figures)
     # the earlier run on another H200 (benchmarks/gpu_memory_check.py)
-    contexts.append(json.loads((H200 / "gpu_memory_check.json").read_text())["context"]["used_after_init"])
-    assert len(contexts) >= 5
-    assert max(contexts) <= budget_mod.CUDA_CONTEXT_BYTES, [c / MIB for c in contexts]
-    # and the figure refuted there stays refuted: 0.55 GiB left less than this card's context
-    assert max(contexts) > 0.55 * GIB
+    lazy.append(json.loads((H200 / "gpu_memory_check.json").read_text())["context"]["used_after_init"])
+    assert len(lazy) >= 20 and len(eager) >= 6
+    assert max(lazy) <= budget_mod.CUDA_CONTEXT_BYTES, [c / MIB for c in lazy]
+    # and the figure refuted there stays refuted: 0.55 GiB left less than these cards' context
+    assert max(lazy) > 0.55 * GIB
+    # eager module loading: twice the lazy context, over what a lazy plan keeps, under the eager figure
+    assert budget_mod.CUDA_CONTEXT_BYTES < min(eager) and max(eager) <= budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert budget_mod.cuda_context_bytes({"CUDA_MODULE_LOADING": "EAGER"})[0] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert budget_mod.cuda_context_bytes({"CUDA_MODULE_LOADING": "eager "})[0] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    for env in ({}, {"CUDA_MODULE_LOADING": "LAZY"}, {"CUDA_MODULE_LOADING": ""}):
+        assert budget_mod.cuda_context_bytes(env)[0] == budget_mod.CUDA_CONTEXT_BYTES
 
 
-@pytest.mark.parametrize("name", ["launch", "edge-old", "edge-new", "hog-host"])
-def test_each_engine_fate_is_vllms_startup_rule_on_what_it_saw(name):
+def test_a_second_process_sees_the_first_ones_context_taken():
+    # a second engine on the same card: its startup snapshot sees the first one's context gone
+    for run in ("h200-contexts", "h100"):
+        for row in RUNS[run]["contexts"]:
+            first, second = row["seen"]
+            assert abs((first["cuda_free"] - second["cuda_free"]) - row["first_mib"] * MIB) <= 4 * MIB
+
+
+FATES = [(run, name) for run in sorted(RUNS) for name in ("launch", "edge-old", "edge-new", "hog-host")]
+FATES += [("h100", "edge-old-host"), ("h100", "edge-new-eager"), ("h100", "edge-eager")]
+
+
+@pytest.mark.parametrize("run,name", FATES)
+def test_each_engine_fate_is_vllms_startup_rule_on_what_it_saw(run, name):
     loader = _loader()
-    case = CASES[name]
+    case = _cases(run)[name]
     facts = case["stand_in_facts"]
     requested = math.ceil(facts["total_at_check"] * case["gmu"])
     assert facts["requested_at_check"] == requested
@@ -78,32 +123,65 @@ def test_each_engine_fate_is_vllms_startup_rule_on_what_it_saw(name):
         assert any("less than desired GPU memory utilization" in line for line in case["engine_errors"])
 
 
-@pytest.mark.parametrize("name", ["launch", "edge-old-gpu", "edge-new", "hog-gpu"])
-def test_the_gpu_admission_replayed_on_the_recorded_cards_decides_as_it_did(name):
-    case = CASES[name]
+ADMISSIONS = [(run, name) for run in sorted(RUNS) for name in ("launch", "edge-old-gpu", "edge-new", "hog-gpu")]
+ADMISSIONS += [("h100", "edge-new-eager"), ("h100", "edge-eager")]
+PLAN_OF = {"launch": "launch", "hog-gpu": "launch", "edge-old-gpu": "old_edge", "edge-new": "new_edge",
+           "edge-new-eager": "new_edge", "edge-eager": "eager_edge"}  # fmt: skip
+
+
+@pytest.mark.parametrize("run,name", ADMISSIONS)
+def test_the_gpu_admission_replayed_on_the_recorded_cards_decides_as_it_did(run, name):
+    case = _cases(run)[name]
     adm = case["admission"]
-    plan = {"launch": "launch", "hog-gpu": "launch", "edge-old-gpu": "old_edge", "edge-new": "new_edge"}[name]
-    budget = RUN["plans"][plan]["budget"]
-    need, _source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None})
-    assert need == adm["need_bytes"] == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
+    budget = RUNS[run]["plans"][PLAN_OF[name]]["budget"]
+    need, source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": _engine_env(case)})
     admitted = all(gpu["free_bytes"] >= need for gpu in adm["gpus"])
+    if name == "edge-new-eager":
+        # recorded: admitted on the plan's lazy context, then the engine's own check failed (exit 1); today the
+        # launcher adds the eager context the engine's env asks for and refuses it before any weight is read
+        assert adm["admitted"] is True and case["exit_code"] == 1
+        assert need == budget["requested_memory_bytes"] + _launch_node.CUDA_CONTEXT_EAGER_BYTES
+        assert "CUDA_MODULE_LOADING=EAGER" in source
+        assert admitted is False
+        return
+    assert need == adm["need_bytes"] == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
     assert admitted is adm["admitted"]
     assert case["exit_code"] == (0 if admitted else 75)
 
 
-def test_the_host_admission_was_wrong_both_ways_on_a_discrete_card():
-    # before the fix every plan was admitted on host MemAvailable: it refused a start for host RAM's size
-    # and admitted one the card could not hold (the engine's own check then failed)
-    refused, admitted = CASES["edge-old-host"]["admission"], CASES["hog-host"]["admission"]
-    assert refused["memory"] == "host" and refused["admitted"] is False
-    assert refused["mem_available_bytes"] < refused["need_bytes"] < RUN["context"]["cuda_total"]
-    assert admitted["memory"] == "host" and admitted["admitted"] is True and CASES["hog-host"]["exit_code"] == 1
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_the_host_admission_was_wrong_both_ways_on_a_discrete_card(run):
+    # before the fix every plan was admitted on host MemAvailable: on an H200 (card larger than host RAM) it
+    # refused a start for host RAM's size; on an H100 (card smaller) it admitted the old edge plan that the
+    # engine's own check then failed; on both it admitted one the card could not hold for another process
+    cases = _cases(run)
+    old, hog = cases["edge-old-host"], cases["hog-host"]
+    assert old["admission"]["memory"] == "host"
+    if old["admission"]["mem_available_bytes"] < old["admission"]["need_bytes"]:
+        assert run.startswith("h200") and old["admission"]["admitted"] is False and old["exit_code"] == 75
+        assert old["admission"]["need_bytes"] < RUNS[run]["context"]["cuda_total"]
+    else:
+        assert run == "h100" and old["admission"]["admitted"] is True and old["exit_code"] == 1
+    assert hog["admission"]["memory"] == "host" and hog["admission"]["admitted"] is True and hog["exit_code"] == 1
 
 
-def test_the_old_edge_plan_and_the_new_default():
-    plans = RUN["plans"]
-    assert plans["old_edge"]["ok"] and plans["old_edge"]["reserve_bytes"] == 0 and plans["old_edge"]["gmu"] == 0.998
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_the_old_edge_plan_and_the_new_default(run):
+    plans = RUNS[run]["plans"]
+    assert plans["old_edge"]["ok"] and plans["old_edge"]["reserve_bytes"] == 0
+    assert plans["old_edge"]["gmu"] == (0.995 if run == "h100" else 0.998)
     assert not plans["new_same_kv"]["ok"] and "reserve 0.75" in plans["new_same_kv"]["refused"]
     new = plans["new_edge"]["budget"]
     assert new["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
     assert new["total_memory_bytes"] - new["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
+
+
+def test_the_eager_plan_keeps_the_eager_context():
+    plans = RUNS["h100"]["plans"]
+    eager = plans["eager_edge"]["budget"]
+    assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert "CUDA_MODULE_LOADING=EAGER" in eager["reserve_source"]
+    assert eager["total_memory_bytes"] - eager["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    # the lazy plan left less than the eager context free: why edge-new-eager failed
+    lazy = plans["new_edge"]["budget"]
+    assert lazy["total_memory_bytes"] - lazy["requested_memory_bytes"] < budget_mod.CUDA_CONTEXT_EAGER_BYTES

@@ -161,6 +161,37 @@ def test_discrete_plans_reserve_the_cuda_context_and_unsized_plans_zero():
     assert budget["unified_memory"] is True and budget["cuda_context_bytes"] is None
 
 
+def test_eager_module_loading_keeps_the_larger_context():
+    # CUDA_MODULE_LOADING=EAGER in the engine's env: 1258-1260 MiB per context on an H200 and an H100
+    # (docs/BENCHMARKS.md), more than the lazy 0.75 GiB: the plan keeps 1.5 GiB and says why
+    lazy = _plan(total_memory_gib=79.18, unified_memory=False, kv_cache_memory_bytes=8 * GIB)["budget"]
+    for value in ("EAGER", "eager", " Eager "):
+        eager = _plan(total_memory_gib=79.18, unified_memory=False, kv_cache_memory_bytes=8 * GIB,
+                      env={"CUDA_MODULE_LOADING": value})["budget"]  # fmt: skip
+        assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+        assert eager["reserve_source"] == "derived: the CUDA context with env CUDA_MODULE_LOADING=EAGER (1.50 GiB)"
+        # the same KV cache and gmu's request: only what is kept free differs
+        assert eager["requested_memory_bytes"] == lazy["requested_memory_bytes"]
+    assert lazy["reserve_bytes"] == lazy["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    lazy_env = _plan(total_memory_gib=79.18, unified_memory=False, env={"CUDA_MODULE_LOADING": "LAZY"})["budget"]
+    assert lazy_env["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    # the largest KV a lazy plan takes is refused with eager loading (the room is 0.75 GiB smaller)
+    with pytest.raises(plan_mod.PlanRefused) as err:
+        room = None
+        try:
+            _plan(total_memory_gib=79.18, unified_memory=False, kv_cache_memory_bytes=200 * GIB)
+        except plan_mod.PlanRefused as lazy_err:
+            room = lazy_err.details["kv_room_bytes"]
+        _plan(total_memory_gib=79.18, unified_memory=False, kv_cache_memory_bytes=room,
+              env={"CUDA_MODULE_LOADING": "EAGER"})  # fmt: skip
+    assert "reserve 1.50" in err.value.message
+    # a given reserve stays the user's, eager or not; unified memory has no CUDA context figure
+    given = _plan(total_memory_gib=79.18, unified_memory=False, reserve_gib=1, env={"CUDA_MODULE_LOADING": "EAGER"})
+    assert given["budget"]["reserve_bytes"] == GIB
+    unified = _plan(kv_cache_memory_bytes=2 * GIB, env={"CUDA_MODULE_LOADING": "EAGER"})["budget"]
+    assert unified["cuda_context_bytes"] is None
+
+
 def test_a_discrete_plan_leaves_the_cuda_context_free():
     # docs/BENCHMARKS.md (H200, 139.80 GiB): a pinned KV cache that left 0.41 GiB of the card free
     # was planned at --gpu-memory-utilization 0.998, but the CUDA context alone holds 0.51-0.60 GiB before

@@ -100,3 +100,43 @@ def test_full_card_zero_bytes_free_keeps_the_capacity_figures():
     (oom,) = dp.parse_journal(text)["runs"][0]["ooms"]
     assert (oom["total_bytes"], oom["free_bytes"]) == (int(139.80 * GIB), 0)
     assert dp.size_to_bytes("512 bytes") == 512
+
+
+# ---- an NVIDIA H100 80GB HBM3, same driver (recorded the same way: benchmarks/gpu_capture.sh)
+H100 = H200.parent / "nvidia-h100-80gb-hbm3-driver-580.159.04"
+
+
+def _read_h100(name):
+    return (H100 / name).read_text(encoding="utf-8")
+
+
+def test_h100_pure_functions_match_the_real_module_output_there(tmp_path):
+    """The H100 machine: discrete, its framebuffer as evidence; the module's output there recomputed here."""
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "sys").mkdir()
+    shutil.copy(H100 / "meminfo.txt", tmp_path / "proc" / "meminfo")
+    sysfs, proc = str(tmp_path / "sys"), str(tmp_path / "proc")
+    gpus = p.parse_nvidia_smi_csv(_read_h100("nvidia-smi-query.csv"))
+    assert gpus == [
+        {"name": "NVIDIA H100 80GB HBM3", "memory_total": "81559 MiB", "memory_total_mib": 81559, "unified": False}
+    ]
+    facts = p.classify(p.gather_files(sysfs, proc), gpus, p.parse_lscpu(_read_h100("lscpu.txt")), None)
+    facts["ram_gib"] = round(read_meminfo(proc)["MemTotal"] / 1024**3, 2)
+    node = json.loads(_read_h100("node_facts.json"))["ansible_facts"]["uma_node"]
+    assert facts == node
+    assert node["unified_memory"] is False and node["platform"] is None
+    assert node["evidence"] == ["nvidia-smi: GPU 'NVIDIA H100 80GB HBM3' has its own 81559 MiB framebuffer"]
+
+
+def test_h100_oom_message_and_the_drivers_reserve():
+    """CUDA's total on the H100 (79.18 GiB) is nvidia-smi's 81559 MiB less the driver's reserve."""
+    header, row = _read_h100("nvidia-smi-query-extended.csv").strip().splitlines()
+    fields = dict(zip([h.strip() for h in header.split(",")], [v.strip() for v in row.split(",")]))
+    assert fields["driver_version"] == "580.159.04" and fields["compute_cap"] == "9.0"
+    (oom,) = dp.parse_journal(_read_h100("torch_oom.txt"))["runs"][0]["ooms"]
+    assert oom["kind"] == "cuda_oom"
+    assert oom["total_bytes"] == int(79.18 * GIB)
+    assert oom["tried_bytes"] == int(98.97 * GIB)
+    assert oom["allocated_bytes"] == 1024 * MIB
+    assert 0 < 81559 * MIB - oom["total_bytes"] < 500 * MIB
+    assert "Reserved                                       : 480 MiB" in _read_h100("nvidia-smi-q-memory.txt")

@@ -64,6 +64,37 @@ def make(tmp_path, plan=None, available=8 * GIB, **extra):
     return uma_launch.Launch(config, uma_launch.Log("e1", out=io.StringIO()))
 
 
+def test_eager_module_loading_in_the_engines_env_needs_the_eager_context():
+    # the engine's env says CUDA_MODULE_LOADING=EAGER: its context is ~1.23 GiB (H200, H100), whatever the plan
+    eager = {"CUDA_MODULE_LOADING": "EAGER"}
+    cases = [
+        ({}, PLAN, CONTEXT, "(default)"),
+        (eager, PLAN, _launch_node.CUDA_CONTEXT_EAGER_BYTES, "env CUDA_MODULE_LOADING=EAGER; the plan kept less"),
+        (eager, dict(PLAN, cuda_context_bytes=CONTEXT), _launch_node.CUDA_CONTEXT_EAGER_BYTES, "the plan kept less"),
+        (eager, dict(PLAN, cuda_context_bytes=2 * GIB), 2 * GIB, "(plan cuda_context_bytes)"),
+        ({"CUDA_MODULE_LOADING": "LAZY"}, dict(PLAN, cuda_context_bytes=CONTEXT), CONTEXT, "(plan cuda_context_bytes)"),
+        ({"CUDA_MODULE_LOADING": "eager"}, PLAN, _launch_node.CUDA_CONTEXT_EAGER_BYTES, "EAGER"),
+    ]
+    for env, plan, context, said in cases:
+        need, source = _launch_node.gpu_need({"plan": plan, "env": env})
+        assert need == 100 * GIB + context and said in source, (env, plan, source)
+    # a given whole need is taken as given
+    assert _launch_node.gpu_need({"plan": PLAN, "env": eager, "admission_request_bytes": GIB})[0] == GIB
+
+
+def test_eager_engine_refused_where_the_lazy_context_would_fit(tmp_path, smi):
+    # 101 GiB free: request 100 + 0.75 fits, + 1.5 does not (the H100's edge-new-eager, docs/BENCHMARKS.md)
+    (smi / "rows").write_text(rows(101 * 1024))
+    (tmp_path / "lazy").mkdir()
+    (tmp_path / "eager").mkdir()
+    assert make(tmp_path / "lazy").admit(sleep=no_wait)
+    launch = make(tmp_path / "eager", env={"CUDA_MODULE_LOADING": "EAGER"})
+    assert not launch.admit(sleep=lambda _s: None)
+    adm = launch.record["admission"]
+    assert adm["admitted"] is False and adm["need_bytes"] == 100 * GIB + _launch_node.CUDA_CONTEXT_EAGER_BYTES
+    assert "CUDA_MODULE_LOADING=EAGER" in adm["reason"]
+
+
 def no_wait(_seconds):
     pytest.fail("no wait expected")
 
