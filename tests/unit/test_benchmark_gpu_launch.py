@@ -30,8 +30,12 @@ RUNS = {
     "h200": json.loads((H200 / "gpu_launch_check.json").read_text()),
     "h200-contexts": json.loads((H200 / "gpu_launch_check_contexts.json").read_text()),
     "h100": json.loads((H100 / "gpu_launch_check.json").read_text()),
+    # the same H100 command (without --contexts) with the launcher that reads the engine's env
+    "h100-after": json.loads((H100 / "gpu_launch_check_after.json").read_text()),
 }
-CARDS = {"h200": "NVIDIA H200", "h200-contexts": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
+CARDS = {"h200": "NVIDIA H200", "h200-contexts": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3",
+         "h100-after": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+H100_RUNS = ("h100", "h100-after")
 SEVEN = {"launch", "edge-old", "edge-old-gpu", "edge-old-host", "edge-new", "hog-gpu", "hog-host"}
 GIB = 1 << 30
 MIB = 1 << 20
@@ -52,7 +56,7 @@ def _loader():
 def test_the_recorded_run_is_whole(run):
     gpu = RUNS[run]["machine"]["gpus"][0]
     assert gpu["name"] == CARDS[run] and gpu["driver"] == "580.159.04"
-    eager = {"edge-new-eager", "edge-eager"} if run == "h100" else set()
+    eager = {"edge-new-eager", "edge-eager"} if run in H100_RUNS else set()
     assert set(_cases(run)) == SEVEN | eager
     assert RUNS[run]["all_as_expected"] is True
 
@@ -101,7 +105,8 @@ def test_a_second_process_sees_the_first_ones_context_taken():
 
 
 FATES = [(run, name) for run in sorted(RUNS) for name in ("launch", "edge-old", "edge-new", "hog-host")]
-FATES += [("h100", "edge-old-host"), ("h100", "edge-new-eager"), ("h100", "edge-eager")]
+FATES += [(run, name) for run in H100_RUNS for name in ("edge-old-host", "edge-eager")]
+FATES += [("h100", "edge-new-eager")]
 
 
 @pytest.mark.parametrize("run,name", FATES)
@@ -124,7 +129,7 @@ def test_each_engine_fate_is_vllms_startup_rule_on_what_it_saw(run, name):
 
 
 ADMISSIONS = [(run, name) for run in sorted(RUNS) for name in ("launch", "edge-old-gpu", "edge-new", "hog-gpu")]
-ADMISSIONS += [("h100", "edge-new-eager"), ("h100", "edge-eager")]
+ADMISSIONS += [(run, name) for run in H100_RUNS for name in ("edge-new-eager", "edge-eager")]
 PLAN_OF = {"launch": "launch", "hog-gpu": "launch", "edge-old-gpu": "old_edge", "edge-new": "new_edge",
            "edge-new-eager": "new_edge", "edge-eager": "eager_edge"}  # fmt: skip
 
@@ -137,12 +142,16 @@ def test_the_gpu_admission_replayed_on_the_recorded_cards_decides_as_it_did(run,
     need, source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": _engine_env(case)})
     admitted = all(gpu["free_bytes"] >= need for gpu in adm["gpus"])
     if name == "edge-new-eager":
-        # recorded: admitted on the plan's lazy context, then the engine's own check failed (exit 1); today the
-        # launcher adds the eager context the engine's env asks for and refuses it before any weight is read
-        assert adm["admitted"] is True and case["exit_code"] == 1
+        # today the launcher adds the eager context the engine's env asks for and refuses the lazy plan before any
+        # weight is read; the first H100 run (the launcher before that) admitted it on the plan's lazy context and
+        # the engine's own check failed (exit 1); the run after did what today's code does (exit 75)
         assert need == budget["requested_memory_bytes"] + _launch_node.CUDA_CONTEXT_EAGER_BYTES
-        assert "CUDA_MODULE_LOADING=EAGER" in source
-        assert admitted is False
+        assert "CUDA_MODULE_LOADING=EAGER" in source and admitted is False
+        if run == "h100":
+            assert adm["admitted"] is True and case["exit_code"] == 1
+        else:
+            assert adm["admitted"] is False and adm["need_bytes"] == need and case["exit_code"] == 75
+            assert "CUDA_MODULE_LOADING=EAGER" in adm["need_source"] and not case["stand_in_facts"]
         return
     assert need == adm["need_bytes"] == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
     assert admitted is adm["admitted"]
@@ -161,7 +170,7 @@ def test_the_host_admission_was_wrong_both_ways_on_a_discrete_card(run):
         assert run.startswith("h200") and old["admission"]["admitted"] is False and old["exit_code"] == 75
         assert old["admission"]["need_bytes"] < RUNS[run]["context"]["cuda_total"]
     else:
-        assert run == "h100" and old["admission"]["admitted"] is True and old["exit_code"] == 1
+        assert run in H100_RUNS and old["admission"]["admitted"] is True and old["exit_code"] == 1
     assert hog["admission"]["memory"] == "host" and hog["admission"]["admitted"] is True and hog["exit_code"] == 1
 
 
@@ -169,15 +178,16 @@ def test_the_host_admission_was_wrong_both_ways_on_a_discrete_card(run):
 def test_the_old_edge_plan_and_the_new_default(run):
     plans = RUNS[run]["plans"]
     assert plans["old_edge"]["ok"] and plans["old_edge"]["reserve_bytes"] == 0
-    assert plans["old_edge"]["gmu"] == (0.995 if run == "h100" else 0.998)
+    assert plans["old_edge"]["gmu"] == (0.995 if run in H100_RUNS else 0.998)
     assert not plans["new_same_kv"]["ok"] and "reserve 0.75" in plans["new_same_kv"]["refused"]
     new = plans["new_edge"]["budget"]
     assert new["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
     assert new["total_memory_bytes"] - new["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
 
 
-def test_the_eager_plan_keeps_the_eager_context():
-    plans = RUNS["h100"]["plans"]
+@pytest.mark.parametrize("run", H100_RUNS)
+def test_the_eager_plan_keeps_the_eager_context(run):
+    plans = RUNS[run]["plans"]
     eager = plans["eager_edge"]["budget"]
     assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
     assert "CUDA_MODULE_LOADING=EAGER" in eager["reserve_source"]
