@@ -45,7 +45,9 @@ OPTIONS = {
     "evict_every_s": "evict_every_s",
     "evict_scope": "evict_scope",
     "textfile_dir": "textfile_dir",
+    "lock_memory": "lock_memory",
 }
+_BOOLEAN_TEXT = {"true": True, "yes": True, "false": False, "no": False}
 
 # vLLM's process titles (vllm/utils/system_utils.py set_process_title): the engine core on the
 # node that serves the API, the workers on the other ranks (VLLM::Worker_TP<n>).
@@ -111,7 +113,10 @@ def base_config(
     }
     for key, option in OPTIONS.items():
         value = settings.get(key)
-        if key not in ("evict_scope", "textfile_dir"):
+        if key == "lock_memory":
+            # a YAML boolean, or its text from a template; anything else goes on to the watchdog's validation
+            value = _BOOLEAN_TEXT.get(value.strip().lower(), value) if isinstance(value, str) else value
+        elif key not in ("evict_scope", "textfile_dir"):
             value = _number_or_none("vllm_service_watchdog_" + key, value)
         if value is not None and value != "":
             raw[option] = value

@@ -114,6 +114,9 @@ DEFAULTS: Dict[str, Any] = {
     # the node programs' fingerprint when the role wrote this config (uma.vllm.node_files' rule): new
     # programs change the config, so the role restarts the watchdog (a running one keeps its old code)
     "programs": None,
+    # mlockall(MCL_CURRENT | MCL_ONFAULT) at start (the guard's --lock-memory): under memory pressure the
+    # kernel would reclaim the watchdog's own pages and it would read them back just when it must act
+    "lock_memory": True,
 }
 
 _POSITIVE = ("interval_s", "health_timeout_s", "probe_timeout_s", "busy_stall_s", "start_timeout_s", "peer_timeout_s",
@@ -213,6 +216,7 @@ def _check_rest(cfg: _D) -> None:
     if cfg["meminfo_root"] is None:
         cfg["meminfo_root"] = cfg["proc_root"]
     _checks.boolean("unified_memory", cfg["unified_memory"])
+    _checks.boolean("lock_memory", cfg["lock_memory"])
     for key in ("state_dir", "proc_root", "cgroup_root", "meminfo_root", "textfile_dir", "model_path"):
         example = ", e.g. %s" % DEFAULTS[key] if DEFAULTS[key] else " or null"
         _checks.path(key, cfg[key], "Give an absolute path%s." % example, optional=True)

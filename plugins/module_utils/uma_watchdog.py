@@ -41,9 +41,9 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 try:
     from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as _checks
+    from ansible_collections.uma.vllm.plugins.module_utils import _guard_memory, uma_guard
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
     from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-    from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
     from ansible_collections.uma.vllm.plugins.module_utils._common import (
         UmaError,
         node_write,
@@ -55,6 +55,7 @@ try:
     from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 except ImportError:  # pragma: no cover - node-side use without Ansible
     import _config_checks as _checks  # type: ignore[no-redef]
+    import _guard_memory  # type: ignore[no-redef]
     import _watchdog_logic as logic  # type: ignore[no-redef]
     import _watchdog_probes as probes  # type: ignore[no-redef]
     import uma_guard  # type: ignore[no-redef]
@@ -115,11 +116,14 @@ class Watchdog:
         systemd: Optional[Systemd] = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        lock_memory: Optional[Callable[[], Tuple[Optional[int], Optional[str]]]] = None,
     ) -> None:
         self.cfg = cfg
         self.engine = cfg["engine"]
         self.clock = clock
         self.sleep = sleep
+        # mlockall(MCL_CURRENT | MCL_ONFAULT) -> (VmLck KiB, None) or (None, why not); tests inject one
+        self.lock_memory = lock_memory or _guard_memory.lock_own_memory
         self.systemd = systemd or Systemd(_run, cfg["systemctl"], None)
         self.dir = os.path.join(cfg["state_dir"], "watchdog", self.engine)
         mem = read_meminfo(cfg["meminfo_root"])
@@ -503,8 +507,12 @@ class Watchdog:
 
     def run(self, stop: uma_guard.Stopper, max_ticks: Optional[int] = None) -> int:
         self._started = self.clock()
-        self.record("start", "watching %s (rank %d)" % (self.cfg["unit"], self.cfg["rank"]), {
-            "floors": self.floors, "peers": [p["name"] for p in self.cfg["peers"]]})  # fmt: skip
+        evidence: Dict[str, Any] = {"floors": self.floors, "peers": [p["name"] for p in self.cfg["peers"]]}
+        if self.cfg.get("lock_memory"):
+            # its own pages stay in RAM (as the guard's): a node short of memory is when it must act
+            locked, why = self.lock_memory()
+            evidence.update({"locked_kib": locked} if why is None else {"lock_error": why})
+        self.record("start", "watching %s (rank %d)" % (self.cfg["unit"], self.cfg["rank"]), evidence)
         probes.sd_notify("READY=1")
         while not stop.requested:
             started = self.clock()

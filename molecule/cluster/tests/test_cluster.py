@@ -288,3 +288,20 @@ def test_written_multinode_command_lines_pass_vllms_parser(host, oracle):
     ray = oracle["cluster-ai1/tp2-ray"]
     assert "parse_error" not in ray and ray["parsed"]["distributed_executor_backend"] == "ray"
     assert "Failed to import Ray" in ray.get("config_error", "")  # no ray in the lab venv; all else valid
+
+
+def test_each_watchdog_locked_its_own_memory_or_says_why(host):
+    # vllm_service_watchdog_lock_memory (the default): mlockall at start, recorded in its start event; the lab
+    # containers lack CAP_IPC_LOCK (Docker's default set), so there the refusal and its reason are recorded
+    # (the VM node, root with the capability, locks: molecule/vm)
+    unit = "uma-vllm-watchdog@tp2.service"
+    assert "CAP_IPC_LOCK" in _show(host, unit, "CapabilityBoundingSet")["CapabilityBoundingSet"]
+    events = json.loads(host.file("/var/lib/uma-vllm/watchdog/tp2/events.json").content_string)
+    start = [e for e in events if e["action"] == "start"][-1]["evidence"]
+    pid = _show(host, unit, "MainPID")["MainPID"]
+    status = host.file("/proc/%s/status" % pid).content_string
+    vmlck = int(next(ln for ln in status.splitlines() if ln.startswith("VmLck:")).split()[1])
+    if "locked_kib" in start:
+        assert start["locked_kib"] > 1024 and vmlck > 1024, (start, vmlck)
+    else:
+        assert start["lock_error"].startswith("mlockall: ") and vmlck == 0, (start, vmlck)

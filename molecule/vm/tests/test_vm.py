@@ -113,3 +113,10 @@ def test_the_watchdog_runs_beside_the_engine(host):
     acts = [line for line in journal.splitlines() if line.startswith("[uma-vllm-watchdog")]
     assert acts, journal[-2000:]  # it logged its start at least
     assert not [a for a in acts if "] restart:" in a or "] gave_up:" in a], acts
+    # its own pages locked (vllm_service_watchdog_lock_memory, the default; root in a VM: CAP_IPC_LOCK kept)
+    events = json.loads(host.file("/var/lib/uma-vllm/watchdog/%s/events.json" % ENGINE["name"]).content_string)
+    start = [e for e in events if e["action"] == "start"][-1]["evidence"]
+    assert start.get("locked_kib", 0) > 1024 and "lock_error" not in start, start
+    pid = host.check_output("systemctl show -p MainPID --value %s" % WATCHDOG)
+    locked = [ln for ln in host.file("/proc/%s/status" % pid).content_string.splitlines() if ln.startswith("VmLck:")]
+    assert locked and int(locked[0].split()[1]) > 1024, locked

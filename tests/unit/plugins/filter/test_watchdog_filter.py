@@ -98,6 +98,8 @@ def test_a_port_per_engine_can_be_given():
             {"probe_idle_s": "-60"},
             "vllm_service_watchdog_probe_idle_s = -60 is out of range (must be > 0 and <= 604800)",
         ),
+        ({"lock_memory": "maybe"}, "vllm_service_watchdog_lock_memory = 'maybe' is not a boolean (true or false)"),
+        ({"lock_memory": 1}, "vllm_service_watchdog_lock_memory = 1 is not a boolean (true or false)"),
     ],
 )
 def test_bad_values_are_refused_naming_the_variable_the_value_and_the_fix(over, words):
@@ -200,3 +202,12 @@ def test_a_loader_that_gives_bytes_gives_the_same_source():
     mod = types.ModuleType("ansible_collections.uma.vllm.plugins.module_utils._fake")
     mod.__loader__ = BytesLoader()
     assert _nodefiles.module_source(mod) == "x = 'é'\n"
+
+
+@pytest.mark.parametrize("given, written", [(None, None), (True, True), (False, False), ("True", True),
+                                            ("false", False), (" yes ", True), ("no", False)])  # fmt: skip
+def test_lock_memory_is_written_as_a_boolean_and_on_by_default(given, written):
+    settings = dict(SETTINGS) if given is None else dict(SETTINGS, lock_memory=given)
+    config = configs("ai1", settings=settings)["tp2"]["config"]
+    assert config.get("lock_memory") is written
+    assert logic.validate(config)["lock_memory"] is (True if written is None else written)

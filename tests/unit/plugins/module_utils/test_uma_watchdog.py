@@ -291,8 +291,10 @@ def config(tmp_path, node, engine_url, **over):
 class Running:
     """A watchdog's run loop in a thread, stopped at the end."""
 
-    def __init__(self, cfg):
-        self.dog = wd.Watchdog(cfg)
+    def __init__(self, cfg, lock_memory=None):
+        # a FAKE memory lock by default: the real mlockall would lock this test process's pages
+        self.locks = []
+        self.dog = wd.Watchdog(cfg, lock_memory=lock_memory or (lambda: self.locks.append(1) or (4321, None)))
         self.stop = uma_guard.Stopper()
         self.thread = threading.Thread(target=self.dog.run, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -763,6 +765,13 @@ def test_runs_standalone_and_refuses_bad_config_in_one_line(tmp_path, nodes, eng
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and SECRET not in proc.stdout + proc.stderr
     assert "phase: starting -> healthy" in proc.stdout
+    # the real mlockall(MCL_CURRENT | MCL_ONFAULT): its own pages locked (root), or why not, in its start record
+    events = json.loads((node.root / "state" / "watchdog" / "main" / "events.json").read_text())
+    start = [e for e in events if e["action"] == "start"][-1]["evidence"]
+    if os.geteuid() == 0:
+        assert start["locked_kib"] > 1024, start
+    else:
+        assert "mlockall" in start["lock_error"], start
     assert engine.auth and engine.auth[-1] == "Bearer %s" % SECRET
     assert json.loads((node.root / "state" / "watchdog" / "main" / "state.json").read_text())["phase"] == "healthy"
     assert cfg["engine"] == "main"
@@ -801,7 +810,7 @@ def test_container_runtime_rank_is_found_through_inspect(tmp_path, nodes):
     assert "no process left" in probes.check_local(missing, show, wd._run)["reason"]
 
 
-def render_watchdog_unit(runtime="native", container_engine="docker", evict_scope="model"):
+def render_watchdog_unit(runtime="native", container_engine="docker", evict_scope="model", lock_memory=True):
     """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2 as Ansible renders it (trim_blocks)."""
     import jinja2
 
@@ -810,6 +819,7 @@ def render_watchdog_unit(runtime="native", container_engine="docker", evict_scop
     )
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters["comment"] = lambda text: "# " + text
+    env.filters["bool"] = lambda value: value if isinstance(value, bool) else str(value).lower() in ("true", "yes", "1")
     return env.from_string(open(template).read()).render(
         ansible_managed="Ansible managed",
         vllm_service_python="/usr/bin/python3",
@@ -820,6 +830,7 @@ def render_watchdog_unit(runtime="native", container_engine="docker", evict_scop
         vllm_service_runtime=runtime,
         vllm_service_container_engine=container_engine,
         vllm_service_watchdog_evict_scope=evict_scope,
+        vllm_service_watchdog_lock_memory=lock_memory,
     )
 
 
@@ -840,7 +851,10 @@ def test_watchdog_unit_is_hardened(tmp_path, runtime, container_engine, evict_sc
         assert not any(line.startswith("CapabilityBoundingSet=") for line in lines)
     else:
         caps = "CapabilityBoundingSet=CAP_DAC_READ_SEARCH" + (" CAP_SYS_ADMIN" if evict_scope == "global" else "")
-        assert caps in lines and "SystemCallFilter=@system-service" in lines and "PrivateDevices=yes" in lines
+        assert caps + " CAP_IPC_LOCK" in lines  # lock_memory (the default): mlockall of its own pages
+        assert "SystemCallFilter=@system-service" in lines and "PrivateDevices=yes" in lines
+        no_lock = render_watchdog_unit(runtime, container_engine, evict_scope, lock_memory=False)
+        assert caps in set(no_lock.splitlines())
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("systemd-analyze is not installed")
@@ -959,3 +973,34 @@ def test_two_engines_on_one_node_write_disjoint_series(tmp_path, nodes, engine):
     assert first & second == set()
     for key in first | second:
         assert any(label.startswith("engine=") for label in key[1]), key
+
+
+def test_its_own_memory_is_locked_at_start_or_it_says_why_and_watches_on(tmp_path, nodes, engine, running):
+    node = nodes("ai1")
+    node.run("start", "uma-vllm@main.service")
+    r = running(config(tmp_path, node, engine.url))
+    start = r.wait_for("start")
+    assert start["evidence"]["locked_kib"] == 4321 and r.locks == [1] and "lock_error" not in start["evidence"]
+    r.close()
+    # the node refused the lock (no CAP_IPC_LOCK, a small RLIMIT_MEMLOCK): said in the record, the watch goes on
+    node2 = nodes("ai2")
+    node2.run("start", "uma-vllm@main.service")
+    r2 = Running(config(tmp_path, node2, engine.url), lock_memory=lambda: (None, "mlockall: Operation not permitted"))
+    try:
+        assert r2.wait_for("start")["evidence"]["lock_error"] == "mlockall: Operation not permitted"
+        r2.wait_phase("healthy")
+    finally:
+        r2.close()
+    # lock_memory false: never asked
+    node3 = nodes("ai3")
+    node3.run("start", "uma-vllm@main.service")
+    r3 = running(config(tmp_path, node3, engine.url, lock_memory=False))
+    start = r3.wait_for("start")["evidence"]
+    assert r3.locks == [] and "locked_kib" not in start and "lock_error" not in start
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0, "true"])
+def test_lock_memory_must_be_a_boolean(value):
+    with pytest.raises(wd.UmaError) as err:
+        logic.validate({"engine": "main", "lock_memory": value})
+    assert err.value.option == "lock_memory"
