@@ -78,7 +78,13 @@ STRATEGIES: Dict[str, Tuple[Optional[List[str]], Optional[int]]] = {
     # the launcher's guard: growth is left alone while MemFree >= {line} MiB (--line-mib, default the
     # checkpoint's size: an engine takes at least its weights), as the launcher's line is the engine's request
     "adaptive-line": (["--mode", "adaptive", "--paths", "{ckpt}", "--act-below-free-mib", "{line}"], None),
+    # not the guard: benchmarks/shard_prefetch.py (an experiment) beside the loader: shard 0 at once, then
+    # one shard ahead of the mapped one, each consumed shard evicted (or, -noevict, left in the cache)
+    "prefetch": (["--ahead", "1", "--first"], None),
+    "prefetch-noevict": (["--ahead", "1", "--first", "--no-evict"], None),
 }
+PREFETCH_STRATEGIES = ("prefetch", "prefetch-noevict")
+PREFETCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "shard_prefetch.py")
 DEFAULT_STRATEGIES = ["none", "published", "global", "files", "adaptive", "adaptive+ra8"]
 GUARD_MODES = ("global", "files", "adaptive")
 TENSOR_MIB_CYCLE = (64, 32, 16, 8, 1)
@@ -408,7 +414,43 @@ class Hog:
             self.proc.wait()
 
 
-class GuardProcess:
+class _Child:
+    """A helper process beside the load (the guard, the prefetch): killed if the run fails."""
+
+    proc: Optional[subprocess.Popen] = None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class PrefetchProcess(_Child):
+    """benchmarks/shard_prefetch.py beside this process's own loader (--pid: this process)."""
+
+    def __init__(self, args: List[str], ckpt: str) -> None:
+        self.cmd = [sys.executable, PREFETCH, "--pid", str(os.getpid()), "--paths", ckpt, *args]
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def stop(self) -> Dict[str, Any]:
+        assert self.proc is not None
+        try:  # after an mmap load every shard is unmapped: it stops by itself
+            out, err = self.proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGTERM)
+            out, err = self.proc.communicate(timeout=30)
+        try:
+            status = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            status = {"error": err.decode(errors="replace")[-400:]}
+        status["exit_code"] = self.proc.returncode
+        return status
+
+
+class GuardProcess(_Child):
     def __init__(self, strategy: str, args: List[str], ckpt: str, workdir: str, extra: List[str], nice: int) -> None:
         self.status_file = os.path.join(workdir, "guard-status.json")
         if os.path.exists(self.status_file):
@@ -444,11 +486,6 @@ class GuardProcess:
         status["exit_code"] = self.proc.returncode
         return status
 
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
 
 # --------------------------------------------------------------------------
 # One run
@@ -468,9 +505,11 @@ def one_run(
     read_through(bystander)
     residency = _guard_residency.Residency()
     by_before, by_size = uma_guard.file_residency(bystander, residency)
-    guard = (
-        GuardProcess(strategy, args, ckpt, opts.workdir, opts.guard_args, opts.guard_nice) if args is not None else None
-    )
+    guard: Any = None
+    if strategy in PREFETCH_STRATEGIES:
+        guard = PrefetchProcess(args or [], ckpt)
+    elif args is not None:
+        guard = GuardProcess(strategy, args, ckpt, opts.workdir, opts.guard_args, opts.guard_nice)
     result: Dict[str, Any] = {"strategy": strategy, "loader": loader, "pretouch_s": round(pretouch_s, 2)}
     try:
         with Sampler(opts.sample_ms / 1000.0, bystander, paths) as sampler:
@@ -526,7 +565,11 @@ def one_run(
             "bystander_reread_s": round(read_through(bystander), 3),
         }
     )
-    if status is not None:
+    if status is not None and strategy in PREFETCH_STRATEGIES:
+        result["prefetch"] = status
+        if status.get("exit_code") != 0 or status.get("error"):
+            result["error"] = "prefetch: exit %r %s" % (status.get("exit_code"), status.get("error") or "")
+    elif status is not None:
         result["guard"] = {
             k: status.get(k)
             for k in (

@@ -25,6 +25,10 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
      reserve, node_prep's vfs_cache_pressure 200, dirty_ratio 5, dirty_background_ratio 2,
      and g's guard (the launcher's readahead window is off by default, so none)
 
+  p  a bounded prefetch (benchmarks/shard_prefetch.py, an experiment, not the collection's): shard 0 read
+     ahead while the loader starts, then one shard ahead of the one it has mapped, each shard evicted once
+     unmapped; the guest's own knobs as in a
+
   c  the collection itself: ``ansible-playbook site.yml -i inventories/vm`` once (node_prep with the
      reserve of r, launch_wrapper, vllm_service: the planner sizes the KV cache from the guest's
      RAM, the reserve and the rank's weights from ``uma_loader.py --rank-bytes``), then each launch
@@ -62,7 +66,7 @@ KNOBS = {
     "dirty_background_ratio": "/proc/sys/vm/dirty_background_ratio",
     "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
 }
-CONFIGS = ("a", "b", "r", "g", "k", "c")
+CONFIGS = ("a", "b", "r", "g", "k", "c", "p")
 GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
                "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
 SPARK_RAM = 121 * 1024**3
@@ -126,7 +130,7 @@ def knobs_for(config, defaults, reserve_spark_kb=0, site=None):
     scaled = reserve_spark_kb * memtotal_kb // (SPARK_RAM // 1024)
     if config == "c":  # what node_prep set (read after site.yml), written again: other configurations change them
         return dict(site or defaults)
-    if config in ("a", "g"):
+    if config in ("a", "g", "p"):
         return dict(defaults)
     if config == "r":
         return dict(defaults, min_free_kbytes=scaled)
@@ -149,6 +153,7 @@ class DirectLaunch:
         self.log_path = "/root/launch-%s-%d.log" % (args.guest, args.index)
         self.guard, self.guard_status = None, "/root/guard-%s-%d.json" % (args.guest, args.index)
         self.proc = None
+        self.prefetch, self.prefetch_summary = None, None
 
     def start(self):
         args = self.args
@@ -169,6 +174,12 @@ class DirectLaunch:
                 time.sleep(0.05)
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        if args.guest == "p":
+            # the bounded prefetch (benchmarks/shard_prefetch.py): shard 0 while the loader starts, then one
+            # shard ahead of the mapped one, each consumed shard evicted
+            self.prefetch = subprocess.Popen([sys.executable, "/root/shard_prefetch.py", "--pid", str(self.proc.pid),
+                                              "--paths", "/srv/model", "--ahead", "1", "--first"],
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)  # fmt: skip
 
     def alive(self):
         return self.proc.poll() is None
@@ -178,6 +189,12 @@ class DirectLaunch:
             self.proc.terminate()
         rc = self.proc.wait(timeout=60)
         summary = None
+        if self.prefetch is not None:
+            out, _err = self.prefetch.communicate(timeout=120)
+            try:
+                self.prefetch_summary = json.loads(out.decode().strip().splitlines()[-1])
+            except (ValueError, IndexError) as err:
+                self.prefetch_summary = {"error": "prefetch: %s" % err}
         if self.guard is not None:
             if self.guard.poll() is None:
                 self.guard.terminate()
@@ -310,6 +327,8 @@ def guest_launch(args):
     }  # fmt: skip
     if launcher:
         result["launcher"] = launcher
+    if getattr(launch, "prefetch_summary", None) is not None:
+        result["prefetch"] = launch.prefetch_summary
     print(json.dumps(result))
     return 0
 
@@ -333,7 +352,8 @@ def setup(args):
     vm_dir = os.path.join(ROOT, "lab", "vm")
     for src, dst in ((os.path.join(vm_dir, "uma_loader.py"), "/root/uma_loader.py"),
                      (os.path.join(vm_dir, "uma_loader_drivers.py"), "/root/uma_loader_drivers.py"),
-                     (os.path.abspath(__file__), "/root/uma_vm.py"), (ko, "/root/fakegb10.ko")):  # fmt: skip
+                     (os.path.abspath(__file__), "/root/uma_vm.py"), (ko, "/root/fakegb10.ko"),
+                     (os.path.join(ROOT, "benchmarks", "shard_prefetch.py"), "/root/shard_prefetch.py")):  # fmt: skip
         with open(src, "rb") as fh:
             ssh("cat > %s" % dst, stdin=fh.read())
     ssh("mkdir -p /root/guard")
@@ -592,7 +612,9 @@ def report(path):
             sum(d.get("failures", 0) for d in drv), _fmt(_median(stalls), "%.0f"), _fmt(_median(compact), "%.0f"),
             max(stalls, default=0), max(compact, default=0), sum(r["vmstat"]["oom_kill"] for r in rs),
             "%s / %s" % (_fmt(_median([g.get("cpu_seconds") for g in guard])), _fmt(_median(
-                [(g.get("evicted_bytes") or 0) / 2**20 if g else None for g in guard]), "%.0f")) if any(guard) else "-",
+                [(g.get("evicted_bytes") or 0) / 2**20 if g else None for g in guard]), "%.0f")) if any(guard) else
+            "%s (the prefetch's CPU s)" % _fmt(_median([(r.get("prefetch") or {}).get("cpu_s") for r in rs]), "%.2f")
+            if any(r.get("prefetch") for r in rs) else "-",
         ))  # fmt: skip
     site_report(data)
     return 0
