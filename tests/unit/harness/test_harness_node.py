@@ -266,7 +266,7 @@ class Watchdog:
     name = "uma_watchdog.py"
     code = 78
     ints = ("fail_threshold", "max_restarts", "floor_samples", "status_port", "rank")
-    bools = ("unified_memory",)
+    bools = ("unified_memory", "lock_memory")
     paths = ("state_dir", "proc_root", "cgroup_root", "meminfo_root", "textfile_dir", "model_path")
     texts = ("engine", "unit", "base_url", "evict_scope", "systemctl", "container_bin", "api_key_env", "status_bind",
              "model", "container", "processes", "peers", "leader_url")  # fmt: skip
