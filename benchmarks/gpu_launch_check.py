@@ -28,6 +28,10 @@ Cases (each one engine start, one after the other; the card is otherwise idle):
   hog          another process holds all but (request - 2 GiB) of the card: the launcher's GPU
                admission refuses, naming the GPU; then the same with --admission-memory host: admitted
                on host MemAvailable, and the engine's own check fails as the GPU admission said
+  release      (--release S) a stopping engine: another process holds the same memory and lets it go S
+               seconds after the launch starts. Straight to the engine (admission off): vLLM's check fails
+               while it is held; through the launcher (GPU admission, --admission-wait 60): it waits for the
+               memory and the engine serves. --only-release runs the context probe, the plans and this alone
 
     python3 benchmarks/gpu_launch_check.py --json gpu_launch_check.json [--pad-gib 4] [--kv-gib 16]
 """
@@ -250,6 +254,13 @@ def main() -> int:
     p.add_argument("--kv-gib", type=float, default=16.0, help="the launch case's pinned KV cache")
     p.add_argument("--contexts", action="store_true",
                    help="also two processes' contexts on the card, CUDA_MODULE_LOADING LAZY and EAGER")  # fmt: skip
+    p.add_argument(
+        "--release",
+        type=float,
+        default=0.0,
+        help="also the release case: the other process lets its memory go after this many seconds",
+    )
+    p.add_argument("--only-release", action="store_true", help="of the launch cases, the release case alone")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
     out: Dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "cases": []}
@@ -323,6 +334,9 @@ def main() -> int:
     save()
 
     port = 8123
+    if args.only_release:
+        out["cases"].extend(release(args, model, pa, port))
+        return finish(out, save)
     out["cases"].append(launch(args.work, "launch", model, pa["budget"], pa["gmu"], pa["kv"], port, [], True))
     save()
     if old["ok"]:
@@ -365,6 +379,43 @@ def main() -> int:
     finally:
         hog.kill()
         hog.wait()
+    if args.release:
+        out["cases"].extend(release(args, model, pa, port))
+    return finish(out, save)
+
+
+def hog_for(request: int, seconds: float) -> Any:
+    """Another process holding all but (request - 2 GiB) of the card for SECONDS (then it exits, its memory back)."""
+    free_now = smi()[0]["free_mib"] * MIB
+    hold = max(0, free_now - request + 2 * GIB)
+    hog = subprocess.Popen([sys.executable, "-c", HOG, str(hold), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert hog.stdout is not None
+    said = hog.stdout.readline().strip()
+    return hog, {"hold_bytes": hold, "said": said, "free_mib_with_hog": smi()[0]["free_mib"], "hold_s": seconds}
+
+
+def release(args: Any, model: str, pa: Dict[str, Any], port: int) -> List[Dict[str, Any]]:
+    """A stopping engine: the memory is held when the launch starts and let go args.release seconds later."""
+    request = pa["budget"]["requested_memory_bytes"]
+    rows = []
+    for name, extra, cfg_extra, expect in (
+        ("release-direct", [], {"admission": False}, False),  # vLLM's own check, while the memory is held
+        ("release-gpu", ["--admission-memory", "gpu", "--admission-wait", "60"], None, True),
+    ):
+        hog, held = hog_for(request, args.release)
+        say("%s: %s" % (name, json.dumps(held)))
+        t0 = time.monotonic()
+        try:
+            row = launch(args.work, name, model, pa["budget"], pa["gmu"], pa["kv"], port, extra, expect,
+                         cfg_extra=cfg_extra)  # fmt: skip
+        finally:
+            hog.wait(timeout=args.release + 120)
+        row["hog"] = dict(held, exited_after_s=round(time.monotonic() - t0, 1), exit=hog.returncode)
+        rows.append(row)
+    return rows
+
+
+def finish(out: Dict[str, Any], save: Any) -> int:
     out["all_as_expected"] = all(c["as_expected"] for c in out["cases"])
     save()
     say("all as expected: %s" % out["all_as_expected"])

@@ -195,3 +195,50 @@ def test_the_eager_plan_keeps_the_eager_context(run):
     # the lazy plan left less than the eager context free: why edge-new-eager failed
     lazy = plans["new_edge"]["budget"]
     assert lazy["total_memory_bytes"] - lazy["requested_memory_bytes"] < budget_mod.CUDA_CONTEXT_EAGER_BYTES
+
+
+# a third H200 machine, --release 30 --only-release: another process holds all but (request - 2 GiB) of the card
+# and lets it go 30 s after the launch starts (a stopping engine), once per case
+RELEASE = json.loads((H200 / "gpu_launch_check_release.json").read_text())
+
+
+def _release(name):
+    return {case["case"]: case for case in RELEASE["cases"]}[name]
+
+
+def test_the_release_run_is_whole():
+    gpu = RELEASE["machine"]["gpus"][0]
+    assert gpu["name"] == "NVIDIA H200" and gpu["driver"] == "580.159.04"
+    assert [case["case"] for case in RELEASE["cases"]] == ["release-direct", "release-gpu"]
+    assert RELEASE["all_as_expected"] is True
+    for case in RELEASE["cases"]:
+        hog = case["hog"]
+        assert hog["said"] == "hog holds %d" % hog["hold_bytes"] and hog["exit"] == 0 and hog["hold_s"] == 30
+        assert case["used_before_mib"] * MIB >= hog["hold_bytes"]  # the card held when the launch started
+
+
+def test_a_stopping_engines_memory_fails_vllms_own_check():
+    loader = _loader()
+    case = _release("release-direct")
+    facts = case["stand_in_facts"]
+    assert case["config_extra"] == {"admission": False}
+    assert facts["free_at_check"] < case["hog"]["free_mib_with_hog"] * MIB  # the other process's memory held
+    with pytest.raises(loader.LoaderError, match="less than desired GPU memory utilization"):
+        loader.startup_check(facts["free_at_check"], facts["total_at_check"], case["gmu"])
+    assert not case["healthy"] and case["exit_code"] == 1 and case.get("admission") is None
+
+
+def test_the_gpu_admission_waits_for_a_stopping_engines_memory_and_the_engine_serves():
+    case = _release("release-gpu")
+    adm = case["admission"]
+    budget = RELEASE["plans"]["launch"]["budget"]
+    need, _source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": {}})
+    assert adm["need_bytes"] == need == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
+    # held at the start (free with the hog < need), admitted once it was let go: the wait is the hold
+    assert case["hog"]["free_mib_with_hog"] * MIB < need
+    assert adm["admitted"] is True and all(gpu["free_bytes"] >= need for gpu in adm["gpus"])
+    assert 25.0 <= adm["waited_s"] <= case["hog"]["hold_s"] + 5.0
+    assert case["healthy"] and case["completion_ok"] and case["exit_code"] == 0 and case["used_after_mib"] == 0
+    assert case["to_healthy_s"] > adm["waited_s"]
+    facts = case["stand_in_facts"]
+    assert facts["free_at_check"] >= facts["requested_at_check"] == math.ceil(facts["total_at_check"] * case["gmu"])
