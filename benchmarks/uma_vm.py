@@ -25,6 +25,11 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
      reserve, node_prep's vfs_cache_pressure 200, dirty_ratio 5, dirty_background_ratio 2,
      and g's guard (the launcher's readahead window is off by default, so none)
 
+  d  the collection's admission alone: the real launcher (plugins/module_utils/uma_launch.py and its node
+     files, copied into the guest) with the loader as its engine, guard off, pre_evict none, no eviction
+     after healthy, admission on the host's MemAvailable against the loader's startup request
+     (ceil(MemTotal x --gmu)), waiting up to --admission-wait s; the guest's own knobs as in a
+
   p  a bounded prefetch (benchmarks/shard_prefetch.py, an experiment, not the collection's): shard 0 read
      ahead while the loader starts, then one shard ahead of the one it has mapped, each shard evicted once
      unmapped; the guest's own knobs as in a
@@ -39,6 +44,10 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
   python3 benchmarks/uma_vm.py --launches 3
   lab/vm.sh down
 
+--hold MIB:S (any configuration): a second process in the guest (``uma_vm.py --hold-guest``) takes MIB of
+fakegb10 memory (pinned, as a stopping engine's) right before each launch and lets it go S seconds later:
+what the launcher's admission waits for.
+
 The host part copies the loader (two files), this file and fakegb10.ko into the guest over ``lab/vm.sh
 ssh``, loads the module, runs each launch as ``python3 /root/uma_vm.py --guest ...`` (stdlib
 only) and prints the table; the guest's knobs are restored at the end. Nothing on the host
@@ -49,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -66,7 +76,7 @@ KNOBS = {
     "dirty_background_ratio": "/proc/sys/vm/dirty_background_ratio",
     "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
 }
-CONFIGS = ("a", "b", "r", "g", "k", "c", "p")
+CONFIGS = ("a", "b", "r", "g", "k", "c", "p", "d")
 GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
                "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
 SPARK_RAM = 121 * 1024**3
@@ -130,7 +140,7 @@ def knobs_for(config, defaults, reserve_spark_kb=0, site=None):
     scaled = reserve_spark_kb * memtotal_kb // (SPARK_RAM // 1024)
     if config == "c":  # what node_prep set (read after site.yml), written again: other configurations change them
         return dict(site or defaults)
-    if config in ("a", "g", "p"):
+    if config in ("a", "g", "p", "d"):
         return dict(defaults)
     if config == "r":
         return dict(defaults, min_free_kbytes=scaled)
@@ -155,11 +165,15 @@ class DirectLaunch:
         self.proc = None
         self.prefetch, self.prefetch_summary = None, None
 
+    def loader_cmd(self):
+        args = self.args
+        return [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
+                str(args.rank), "--gpu-memory-utilization", str(args.gmu), "--kv-cache-memory-bytes", args.kv,
+                "--port", str(args.port), "--host", "127.0.0.1", "--allocator", args.allocator]  # fmt: skip
+
     def start(self):
         args = self.args
-        cmd = [sys.executable, "/root/uma_loader.py", "/srv/model", "--tensor-parallel-size", str(args.tp), "--rank",
-               str(args.rank), "--gpu-memory-utilization", str(args.gmu), "--kv-cache-memory-bytes", args.kv,
-               "--port", str(args.port), "--host", "127.0.0.1", "--allocator", args.allocator]  # fmt: skip
+        cmd = self.loader_cmd()
         if args.guest in ("g", "k"):
             if os.path.exists(self.guard_status):
                 os.unlink(self.guard_status)
@@ -207,6 +221,90 @@ class DirectLaunch:
                 summary = {"error": str(err)}
         with open(self.log_path, encoding="utf-8") as fh:
             return rc, fh.read(), summary, {}
+
+
+class LauncherLaunch(DirectLaunch):
+    """d: the loader started by the collection's launcher (its node files in /root/launcher), with its admission
+    alone: guard off, pre_evict none, no eviction after healthy; the need is the loader's startup request."""
+
+    DIR = "/root/d"
+    RECORD = DIR + "/state/launches/vmd/latest/launch.json"
+
+    def start(self):
+        args = self.args
+        os.makedirs(self.DIR, exist_ok=True)
+        need = math.ceil(meminfo("MemTotal") * float(args.gmu))  # the loader's (vLLM's) startup request
+        config = {
+            "engine": "vmd", "command": self.loader_cmd(), "health_url": self.url + "/health",
+            "model_path": "/srv/model", "guard": False, "pre_evict": "none", "evict_after_healthy": False,
+            "admission": True, "admission_memory": "host", "admission_request_bytes": need,
+            "admission_wait_s": float(args.admission_wait), "watch_ranks": False,
+        }  # fmt: skip
+        with open(self.DIR + "/vmd.json", "w", encoding="utf-8") as fh:
+            json.dump(config, fh)
+        if os.path.exists(self.RECORD):
+            os.unlink(self.RECORD)
+        cmd = [sys.executable, "/root/launcher/uma_launch.py", "--engine", "vmd", "--config", self.DIR + "/vmd.json",
+               "--node-config", "/nonexistent", "--lock-path", self.DIR + "/launch.lock",
+               "--state-dir", self.DIR + "/state"]  # fmt: skip
+        with open(self.log_path, "w", encoding="utf-8") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+    def stop(self, healthy=False):
+        if healthy:  # the launcher polls /health once a second: let it see the 200 it is waiting for
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                with open(self.log_path, encoding="utf-8") as fh:
+                    if "] engine-healthy " in fh.read():
+                        break
+                time.sleep(0.3)
+        rc, text, _guard, _launcher = super().stop(healthy)
+        try:
+            with open(self.RECORD, encoding="utf-8") as fh:
+                record = json.load(fh)
+        except (OSError, ValueError) as err:
+            record = {"error": str(err)}
+        keep = {k: record.get(k) for k in ("admission", "exit_code", "healthy_at", "failed_at", "error")}
+        return rc, text, None, keep
+
+
+class Holder:
+    """--hold MIB:S: a second process holding MIB of fakegb10 memory from just before the launch for S seconds."""
+
+    def __init__(self, spec):
+        self.mib, self.seconds = parse_hold(spec)
+        self.proc, self.facts = None, {}
+
+    def start(self):
+        self.proc = subprocess.Popen([sys.executable, "/root/uma_vm.py", "--hold-guest", "%d:%g" % (
+            self.mib, self.seconds)], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        said = self.proc.stdout.readline().strip()
+        self.facts = {"mib": self.mib, "s": self.seconds, "said": said,
+                      "memavailable_with_hold_mib": meminfo("MemAvailable") >> 20}  # fmt: skip
+
+    def wait(self):
+        self.proc.stdout.read()
+        self.facts["exit"] = self.proc.wait(timeout=self.seconds + 120)
+        return self.facts
+
+
+def parse_hold(spec):
+    mib, _sep, seconds = spec.partition(":")
+    return int(mib), float(seconds)
+
+
+def hold_guest(spec):
+    """In the guest: take MIB of fakegb10 memory (pinned, zeroed, as an engine's), say so, hold it S s, let go."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import uma_loader_drivers  # the guest's copy beside this file (setup)
+
+    mib, seconds = parse_hold(spec)
+    driver = uma_loader_drivers.FakeGB10Driver()
+    driver.alloc(mib << 20)
+    print("held %d MiB" % mib, flush=True)
+    time.sleep(seconds)
+    driver.close()
+    return 0
 
 
 class SiteLaunch:
@@ -275,7 +373,7 @@ def guest_launch(args):
     defaults = json.loads(args.defaults)
     knobs = knobs_for(args.guest, defaults, args.reserve_spark_kb, json.loads(args.site_knobs or "null"))
     url = "http://127.0.0.1:%d" % args.port
-    launch = SiteLaunch(args, url) if args.guest == "c" else DirectLaunch(args, url)
+    launch = {"c": SiteLaunch, "d": LauncherLaunch}.get(args.guest, DirectLaunch)(args, url)
     for name, value in knobs.items():
         write(KNOBS[name], value)
     subprocess.run(["sync"], check=False)
@@ -287,6 +385,9 @@ def guest_launch(args):
         while not stop.wait(0.1):
             write("/proc/sys/vm/drop_caches", 3)
 
+    holder = Holder(args.hold) if args.hold else None
+    if holder is not None:
+        holder.start()
     t0 = time.monotonic()
     launch.start()
     if args.guest == "b":
@@ -311,6 +412,7 @@ def guest_launch(args):
         except (OSError, ValueError, KeyError):
             completion = False
     rc, text, guard_summary, launcher = launch.stop(healthy_s is not None)
+    hold = holder.wait() if holder is not None else None
     after = vmstat()
     facts = {}
     for line in text.splitlines():
@@ -327,6 +429,8 @@ def guest_launch(args):
     }  # fmt: skip
     if launcher:
         result["launcher"] = launcher
+    if hold is not None:
+        result["hold"] = hold
     if getattr(launch, "prefetch_summary", None) is not None:
         result["prefetch"] = launch.prefetch_summary
     print(json.dumps(result))
@@ -360,9 +464,21 @@ def setup(args):
     for name in GUARD_FILES:
         with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
             ssh("cat > /root/guard/%s" % name, stdin=fh.read())
+    ssh("mkdir -p /root/launcher")
+    for name in launcher_files():
+        with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
+            ssh("cat > /root/launcher/%s" % name, stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
     ssh("dmesg -n 7")  # every kernel message to the serial console too: a guest that hangs keeps its log there
     return guest_knobs()
+
+
+def launcher_files():
+    """The node programs as the launch_wrapper role installs them (_node_programs.NODE_PROGRAMS, read as text: the
+    host side imports no collection code but the reserve rule)."""
+    with open(os.path.join(ROOT, "plugins", "module_utils", "_node_programs.py"), encoding="utf-8") as fh:
+        block = fh.read().split("\nNODE_PROGRAMS = (", 1)[1].split(")", 1)[0]
+    return [word.strip(",") + ".py" for word in block.split() if word.strip(",")]
 
 
 def guest_knobs():
@@ -517,6 +633,9 @@ def host(args):
                     args.tp, args.rank, args.gmu, args.kv, args.allocator, args.timeout, reserve)  # fmt: skip
                 if args.guard_lock_memory:
                     cmd += " --guard-lock-memory"
+                if args.hold:
+                    cmd += " --hold %s" % args.hold
+                cmd += " --admission-wait %g" % args.admission_wait
                 if config == "c":
                     cmd += " --site-knobs '%s'" % json.dumps(site["knobs"])
                 if args.hang_s and results and not guest_answers():
@@ -617,7 +736,25 @@ def report(path):
             if any(r.get("prefetch") for r in rs) else "-",
         ))  # fmt: skip
     site_report(data)
+    admission_report(launches)
     return 0
+
+
+def admission_report(launches):
+    """d (and any --hold run): what the launcher's admission did and what the second process held."""
+    for config in sorted({r["config"] for r in launches if r.get("hold") or r["config"] == "d"}):
+        rs = [r for r in launches if r["config"] == config]
+        adm = [(r.get("launcher") or {}).get("admission") or {} for r in rs]
+        hold = [r.get("hold") or {} for r in rs]
+        waited = [a.get("waited_s") for a in adm if a]
+        print("%s: admitted %d, refused %d of %d (exit 75: %d); waited s median %s (max %s); the engine's own check"
+              " failed %d; held MiB %s for %s s, MemAvailable with it MiB median %s" % (
+                  config, sum(1 for a in adm if a.get("admitted")), sum(1 for a in adm if a and not a.get("admitted")),
+                  len(rs), sum(1 for r in rs if r["exit"] == 75), _fmt(_median(waited)),
+                  _fmt(max(waited, default=None)),
+                  sum(1 for r in rs if any("less than desired" in e for e in r["errors"])),
+                  _fmt(_median([h.get("mib") for h in hold]), "%.0f"), _fmt(_median([h.get("s") for h in hold])),
+                  _fmt(_median([h.get("memavailable_with_hold_mib") for h in hold]), "%.0f")))  # fmt: skip
 
 
 def site_report(data):
@@ -670,6 +807,11 @@ def main(argv=None):
                    help="r and k use node_prep's reserve times X (1: the rule as shipped; 0.5: half)")  # fmt: skip
     p.add_argument("--guard-lock-memory", action="store_true",
                    help="g and k: the guard with --lock-memory (its own pages locked: mlockall ONFAULT)")  # fmt: skip
+    p.add_argument("--hold", default="", metavar="MIB:S",
+                   help="before each launch a second process takes MIB of fakegb10 memory and lets it go S s later"
+                        " (a stopping engine's memory)")  # fmt: skip
+    p.add_argument("--admission-wait", type=float, default=60.0, metavar="S",
+                   help="d: the launcher's admission_wait_s (60, its default)")  # fmt: skip
     p.add_argument("--timeout", type=int, default=400, help="seconds a launch may take to become healthy (400)")
     p.add_argument("--json", default="", help="also write the launches to this file")
     p.add_argument("--hang-s", type=int, default=0, metavar="S",
@@ -684,7 +826,10 @@ def main(argv=None):
     p.add_argument("--defaults", default="{}", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=8000, help=argparse.SUPPRESS)
     p.add_argument("--site-knobs", default="", help=argparse.SUPPRESS)
+    p.add_argument("--hold-guest", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.hold_guest:
+        return hold_guest(args.hold_guest)
     if args.hang_s < 0 or (args.hang_s and args.hang_s <= args.timeout):
         p.error("--hang-s must be 0 (off) or longer than --timeout (%d s, the guest's own bound); got %d" % (
             args.timeout, args.hang_s))  # fmt: skip
@@ -694,6 +839,15 @@ def main(argv=None):
     if not 0 < args.reserve_scale <= 3:
         p.error("--reserve-scale must be above 0 and at most 3 (a multiple of node_prep's reserve); got %g" % (
             args.reserve_scale))  # fmt: skip
+    if args.hold:
+        try:
+            mib, seconds = parse_hold(args.hold)
+        except ValueError:
+            mib, seconds = 0, -1.0
+        if mib < 1 or not 0 <= seconds <= 3600:
+            p.error("--hold must be MIB:S (whole MiB >= 1, 0-3600 s), e.g. 600:10; got %r" % args.hold)
+    if not 0 <= args.admission_wait <= 3600:
+        p.error("--admission-wait must be 0-3600 s; got %g" % args.admission_wait)
     if args.report:
         return report(args.report)
     return guest_launch(args) if args.guest else host(args)

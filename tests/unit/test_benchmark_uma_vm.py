@@ -99,3 +99,49 @@ def test_the_report_of_c_says_what_the_launcher_and_the_watchdog_did(uma_vm, tmp
     assert rows["| watchdog restarts"].endswith("| 1 of 2 |")
     assert rows["| watchdog floor-while-starting notes"].endswith("| 1 of 2 |")
     assert rows["| MemAvailable at admission MiB, median / the plan's request MiB"].endswith("| 2699 / 2446 |")
+
+
+def test_the_launcher_copied_into_the_guest_is_the_node_programs_the_role_installs(uma_vm):
+    from ansible_collections.uma.vllm.plugins.module_utils import _node_programs
+
+    names = uma_vm.launcher_files()
+    assert names == _node_programs.program_names()
+    assert "uma_launch.py" in names and all((ROOT / "plugins" / "module_utils" / n).is_file() for n in names)
+
+
+@pytest.mark.parametrize("hold", ["600", "0:10", "x:10", "600:-1", "600:4000", "600:nan"])
+def test_a_hold_that_is_not_mib_and_seconds_is_refused_naming_it(uma_vm, hold, capsys):
+    with pytest.raises(SystemExit) as err:
+        uma_vm.main(["--hold", hold, "--report", "/nonexistent.json"])
+    assert err.value.code == 2
+    said = capsys.readouterr().err
+    assert "--hold must be MIB:S" in said and repr(hold) in said
+
+
+def test_a_hold_is_parsed_as_mib_and_seconds(uma_vm):
+    assert uma_vm.parse_hold("600:10") == (600, 10.0)
+    assert uma_vm.parse_hold("1:0.5") == (1, 0.5)
+
+
+def test_the_report_says_what_the_admission_waited_for_and_what_the_engine_check_did(uma_vm, tmp_path, capsys):
+    """d (the launcher's admission alone) under --hold: admitted after waiting, or refused (exit 75); a under the
+    same hold: the engine's own startup check failed."""
+    hold = {"mib": 600, "s": 10.0, "said": "held 600 MiB", "exit": 0}
+    check = "ValueError: Free memory on device cuda:0 (2.12/2.9 GiB) on startup is less than desired GPU memory"
+    d_ok = {"admission": {"admitted": True, "waited_s": 9.0}}
+    d_refused = {"admission": {"admitted": False, "waited_s": 20.1}}
+    launches = [
+        dict(_launch("a", 1, False, exit=1, errors=[check]), hold=dict(hold, memavailable_with_hold_mib=2185)),
+        dict(_launch("d", 1, True), hold=dict(hold, memavailable_with_hold_mib=2164), launcher=d_ok),
+        dict(_launch("d", 2, False, exit=75), hold=dict(hold, memavailable_with_hold_mib=2170), launcher=d_refused),
+    ]
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps({"defaults": {}, "reserve_spark_kb": 0, "launches": launches}))
+    uma_vm.report(str(path))
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines() if line[:3] in ("a: ", "d: ")}
+    assert lines["a"].startswith("a: admitted 0, refused 0 of 1 (exit 75: 0)")
+    assert (
+        "the engine's own check failed 1; held MiB 600 for 10.0 s, MemAvailable with it MiB median 2185" in lines["a"]
+    )
+    assert lines["d"].startswith("d: admitted 1, refused 1 of 2 (exit 75: 1); waited s median 14.6 (max 20.1)")
+    assert "the engine's own check failed 0" in lines["d"]
