@@ -197,29 +197,35 @@ def test_the_eager_plan_keeps_the_eager_context(run):
     assert lazy["total_memory_bytes"] - lazy["requested_memory_bytes"] < budget_mod.CUDA_CONTEXT_EAGER_BYTES
 
 
-# a third H200 machine, --release 30 --only-release: another process holds all but (request - 2 GiB) of the card
-# and lets it go 30 s after the launch starts (a stopping engine), once per case
-RELEASE = json.loads((H200 / "gpu_launch_check_release.json").read_text())
+# --release 30 --only-release on a third H200 machine and another H100: another process holds all but
+# (request - 2 GiB) of the card and lets it go 30 s after the launch starts (a stopping engine), once per case
+RELEASE = {
+    "h200": json.loads((H200 / "gpu_launch_check_release.json").read_text()),
+    "h100": json.loads((H100 / "gpu_launch_check_release.json").read_text()),
+}
+RELEASE_CARDS = {"h200": "NVIDIA H200", "h100": "NVIDIA H100 80GB HBM3"}
 
 
-def _release(name):
-    return {case["case"]: case for case in RELEASE["cases"]}[name]
+def _release(run, name):
+    return {case["case"]: case for case in RELEASE[run]["cases"]}[name]
 
 
-def test_the_release_run_is_whole():
-    gpu = RELEASE["machine"]["gpus"][0]
-    assert gpu["name"] == "NVIDIA H200" and gpu["driver"] == "580.159.04"
-    assert [case["case"] for case in RELEASE["cases"]] == ["release-direct", "release-gpu"]
-    assert RELEASE["all_as_expected"] is True
-    for case in RELEASE["cases"]:
+@pytest.mark.parametrize("run", sorted(RELEASE))
+def test_the_release_run_is_whole(run):
+    gpu = RELEASE[run]["machine"]["gpus"][0]
+    assert gpu["name"] == RELEASE_CARDS[run] and gpu["driver"] == "580.159.04"
+    assert [case["case"] for case in RELEASE[run]["cases"]] == ["release-direct", "release-gpu"]
+    assert RELEASE[run]["all_as_expected"] is True
+    for case in RELEASE[run]["cases"]:
         hog = case["hog"]
         assert hog["said"] == "hog holds %d" % hog["hold_bytes"] and hog["exit"] == 0 and hog["hold_s"] == 30
         assert case["used_before_mib"] * MIB >= hog["hold_bytes"]  # the card held when the launch started
 
 
-def test_a_stopping_engines_memory_fails_vllms_own_check():
+@pytest.mark.parametrize("run", sorted(RELEASE))
+def test_a_stopping_engines_memory_fails_vllms_own_check(run):
     loader = _loader()
-    case = _release("release-direct")
+    case = _release(run, "release-direct")
     facts = case["stand_in_facts"]
     assert case["config_extra"] == {"admission": False}
     assert facts["free_at_check"] < case["hog"]["free_mib_with_hog"] * MIB  # the other process's memory held
@@ -228,10 +234,11 @@ def test_a_stopping_engines_memory_fails_vllms_own_check():
     assert not case["healthy"] and case["exit_code"] == 1 and case.get("admission") is None
 
 
-def test_the_gpu_admission_waits_for_a_stopping_engines_memory_and_the_engine_serves():
-    case = _release("release-gpu")
+@pytest.mark.parametrize("run", sorted(RELEASE))
+def test_the_gpu_admission_waits_for_a_stopping_engines_memory_and_the_engine_serves(run):
+    case = _release(run, "release-gpu")
     adm = case["admission"]
-    budget = RELEASE["plans"]["launch"]["budget"]
+    budget = RELEASE[run]["plans"]["launch"]["budget"]
     need, _source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": {}})
     assert adm["need_bytes"] == need == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
     # held at the start (free with the hog < need), admitted once it was let go: the wait is the hold
