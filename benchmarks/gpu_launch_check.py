@@ -363,13 +363,7 @@ def main() -> int:
                                    eager_edge["kv"], port, [], True, cfg_extra={"env": eager_env}))  # fmt: skip
         save()
     # another process holds the card: leave (request - 2 GiB) free
-    request = pa["budget"]["requested_memory_bytes"]
-    free_now = smi()[0]["free_mib"] * MIB
-    hold = max(0, free_now - request + 2 * GIB)
-    hog = subprocess.Popen([sys.executable, "-c", HOG, str(hold), "300"], stdout=subprocess.PIPE, text=True)
-    assert hog.stdout is not None
-    hog_line = hog.stdout.readline().strip()
-    out["hog"] = {"hold_bytes": hold, "said": hog_line, "free_mib_with_hog": smi()[0]["free_mib"]}
+    hog, out["hog"] = hog_for(pa["budget"]["requested_memory_bytes"], 300)
     say("hog: %s" % json.dumps(out["hog"]))
     try:
         out["cases"].append(launch(args.work, "hog-gpu", model, pa["budget"], pa["gmu"], pa["kv"], port, [], False))

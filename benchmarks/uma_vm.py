@@ -77,8 +77,8 @@ KNOBS = {
     "read_ahead_kb": "/sys/block/vdb/queue/read_ahead_kb",
 }
 CONFIGS = ("a", "b", "r", "g", "k", "c", "p", "d")
-GUARD_FILES = ("uma_guard.py", "_guard_config.py", "_guard_memory.py", "_guard_residency.py", "_guard_status.py",
-               "_guard_sweeper.py", "_guard_watch.py", "_common.py", "_config_checks.py")  # fmt: skip
+# the collection's node programs in the guest, one directory as the node's lib dir: g's and k's guard, d's launcher
+NODE_LIB = "/root/launcher"
 SPARK_RAM = 121 * 1024**3
 GUARD_KEYS = ("evicted_bytes", "evictions", "cpu_seconds", "stop_reason", "ticks", "peak_cache_mib", "elapsed_s",
               "cpu_user_s", "cpu_sys_s", "major_faults", "minor_faults", "sweeps", "file_checks", "triggers",
@@ -180,7 +180,7 @@ class DirectLaunch:
             # the guard's own defaults (mode, interval, threshold), which the launcher passes on unchanged;
             # --max-duration is the launcher's guard_max_duration
             self.guard = subprocess.Popen([
-                sys.executable, "/root/guard/uma_guard.py", "--name", "vm", "--max-duration", "1800",
+                sys.executable, NODE_LIB + "/uma_guard.py", "--name", "vm", "--max-duration", "1800",
                 "--until-url", self.url + "/health", "--status-file", self.guard_status, "--paths", "/srv/model"]
                 + (["--lock-memory"] if args.guard_lock_memory else []),
                 stdin=subprocess.DEVNULL)  # fmt: skip
@@ -224,7 +224,7 @@ class DirectLaunch:
 
 
 class LauncherLaunch(DirectLaunch):
-    """d: the loader started by the collection's launcher (its node files in /root/launcher), with its admission
+    """d: the loader started by the collection's launcher (its node files in NODE_LIB), with its admission
     alone: guard off, pre_evict none, no eviction after healthy; the need is the loader's startup request."""
 
     DIR = "/root/d"
@@ -244,20 +244,15 @@ class LauncherLaunch(DirectLaunch):
             json.dump(config, fh)
         if os.path.exists(self.RECORD):
             os.unlink(self.RECORD)
-        cmd = [sys.executable, "/root/launcher/uma_launch.py", "--engine", "vmd", "--config", self.DIR + "/vmd.json",
+        cmd = [sys.executable, NODE_LIB + "/uma_launch.py", "--engine", "vmd", "--config", self.DIR + "/vmd.json",
                "--node-config", "/nonexistent", "--lock-path", self.DIR + "/launch.lock",
                "--state-dir", self.DIR + "/state"]  # fmt: skip
         with open(self.log_path, "w", encoding="utf-8") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self, healthy=False):
-        if healthy:  # the launcher polls /health once a second: let it see the 200 it is waiting for
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                with open(self.log_path, encoding="utf-8") as fh:
-                    if "] engine-healthy " in fh.read():
-                        break
-                time.sleep(0.3)
+        if healthy:
+            until_launcher_saw_healthy(self.log_text, lambda: self.proc.poll() is None)
         rc, text, _guard, _launcher = super().stop(healthy)
         try:
             with open(self.RECORD, encoding="utf-8") as fh:
@@ -266,6 +261,18 @@ class LauncherLaunch(DirectLaunch):
             record = {"error": str(err)}
         keep = {k: record.get(k) for k in ("admission", "exit_code", "healthy_at", "failed_at", "error")}
         return rc, text, None, keep
+
+    def log_text(self):
+        with open(self.log_path, encoding="utf-8") as fh:
+            return fh.read()
+
+
+def until_launcher_saw_healthy(text, alive=lambda: True, seconds=15.0):
+    """The launcher polls /health once a second: a stop before it saw the 200 would be its failed launch. Wait
+    (bounded) for its ``engine-healthy`` step in ``text()`` (its log or journal) while ``alive()``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and alive() and "] engine-healthy " not in text():
+        time.sleep(0.3)
 
 
 class Holder:
@@ -344,11 +351,8 @@ class SiteLaunch:
             return {"error": str(err)}
 
     def stop(self, healthy=False):
-        # the launcher polls /health once a second: a stop before it saw 200 would be its failed launch (its
-        # record is written at the end, so its own journal line is what says it saw 200)
-        deadline = time.monotonic() + 15
-        while healthy and time.monotonic() < deadline and "] engine-healthy " not in self.journal(self.UNIT):
-            time.sleep(0.3)
+        if healthy:  # its record is written at the end, so its own journal line is what says it saw 200
+            until_launcher_saw_healthy(lambda: self.journal(self.UNIT))
         self.systemctl("stop")  # also cancels the restart systemd schedules after a failure
         self.systemctl("reset-failed")
         text = self.journal(self.UNIT)
@@ -460,20 +464,16 @@ def setup(args):
                      (os.path.join(ROOT, "benchmarks", "shard_prefetch.py"), "/root/shard_prefetch.py")):  # fmt: skip
         with open(src, "rb") as fh:
             ssh("cat > %s" % dst, stdin=fh.read())
-    ssh("mkdir -p /root/guard")
-    for name in GUARD_FILES:
+    ssh("mkdir -p %s" % NODE_LIB)
+    for name in node_program_files():
         with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
-            ssh("cat > /root/guard/%s" % name, stdin=fh.read())
-    ssh("mkdir -p /root/launcher")
-    for name in launcher_files():
-        with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
-            ssh("cat > /root/launcher/%s" % name, stdin=fh.read())
+            ssh("cat > %s/%s" % (NODE_LIB, name), stdin=fh.read())
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
     ssh("dmesg -n 7")  # every kernel message to the serial console too: a guest that hangs keeps its log there
     return guest_knobs()
 
 
-def launcher_files():
+def node_program_files():
     """The node programs as the launch_wrapper role installs them (_node_programs.NODE_PROGRAMS, read as text: the
     host side imports no collection code but the reserve rule)."""
     with open(os.path.join(ROOT, "plugins", "module_utils", "_node_programs.py"), encoding="utf-8") as fh:
