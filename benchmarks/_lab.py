@@ -12,9 +12,14 @@ import sys
 import time
 from typing import Dict
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins", "module_utils"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The node package (plugins/module_utils/node: stdlib only, relative imports inside) is importable as
+# ``node`` from its parent directory: the benchmarks use it so, with no Ansible on the host side.
+MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
+sys.path.insert(0, MODULE_UTILS)
 
-from _common import read_meminfo  # the collection's own parser, as the guard runs it on a node
+import node as node_package
+from node.base.common import read_meminfo
 
 # a lab node: systemd as PID 1 without --privileged (see ../shared/LAB-NOTES.md and lab/up.sh)
 NODE_RUN_ARGS = [
@@ -86,3 +91,32 @@ def lab_completion_ok(node: str, max_tokens: int, curl_timeout_s: int, exec_time
             "-d", body, "http://127.0.0.1:%d/v1/completions" % LAB_PORT]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, timeout=exec_timeout_s, check=False).stdout
     return out.strip() == "200"
+
+
+def node_lib_files():
+    """(path under lib_dir, text) of what uma.vllm.node_files installs (programs: true): every file of the
+    node package under ``uma_vllm_node/`` and the entry scripts (plugins/module_utils/plumbing/node_install.py
+    says it with its one list; tests/unit/test_benchmark_uma_vm.py checks the two agree)."""
+    top = os.path.join(MODULE_UTILS, "node")
+    files = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(f for f in filenames if f.endswith(".py")):
+            rel = os.path.relpath(os.path.join(dirpath, name), top).replace(os.sep, "/")
+            with open(os.path.join(dirpath, name), encoding="utf-8") as handle:
+                files.append((node_package.PACKAGE_DIR + "/" + rel, handle.read()))
+    files.extend((name, node_package.entry_script(module, what)) for name, module, what in node_package.ENTRY_SCRIPTS)
+    return files
+
+
+def node_lib(dest: str = os.path.join(ROOT, ".cache", "node-lib")) -> str:
+    """``dest`` made afresh with the node programs as a node has them (``dest/uma_launch.py``, ...)."""
+    import shutil
+
+    shutil.rmtree(dest, ignore_errors=True)
+    for rel, text in node_lib_files():
+        path = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    return dest

@@ -8,7 +8,7 @@ vLLM 0.32 rank's memory work on the real card through PyTorch: the startup check
 ``request_memory`` against ``torch.cuda.mem_get_info()`` taken after the process's CUDA context (what
 vLLM's MemorySnapshot reads on a discrete GPU), this rank's part of each tensor of a real safetensors
 checkpoint copied onto the card, the KV cache as one allocation of ``--kv-cache-memory-bytes``, then
-/health and a completion. The launcher is the collection's own (plugins/module_utils/uma_launch.py),
+/health and a completion. The launcher is the collection's own (plugins/module_utils/node/launch/program.py),
 run as on a node, with the planner's budget as its plan.
 
 Cases (each one engine start, one after the other; the card is otherwise idle):
@@ -52,7 +52,8 @@ from typing import Any, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOADER = os.path.join(ROOT, "lab", "vm", "uma_loader.py")
-LAUNCH = os.path.join(ROOT, "plugins", "module_utils", "uma_launch.py")
+# the launcher as a node runs it (main() installs the node package there first: _lab.node_lib)
+LAUNCH = os.path.join(ROOT, ".cache", "node-lib", "uma_launch.py")
 GIB = 1 << 30
 MIB = 1 << 20
 
@@ -151,7 +152,7 @@ def collections_path(work: str) -> str:
 
 def planner(work: str):
     sys.path.insert(0, collections_path(work))
-    from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan  # pylint: disable=import-outside-toplevel
+    from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as _vllm_plan
 
     return _vllm_plan
 
@@ -263,6 +264,10 @@ def main() -> int:
     p.add_argument("--only-release", action="store_true", help="of the launch cases, the release case alone")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _lab import node_lib
+
+    node_lib(os.path.dirname(LAUNCH))
     out: Dict[str, Any] = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count()}, "cases": []}
 
     def save() -> None:

@@ -23,7 +23,7 @@ nvidia-ml-py package is there):
   top-k/top-p sampler written after vLLM's PyTorch-native path (not vLLM's own code);
 
 and prints them next to the planner's activation_reserve() for the same model, tokens and
-card (plugins/module_utils/_vllm_plan_budget.py; imported from ansible_collections on
+card (plugins/module_utils/plan/budget.py; imported from ansible_collections on
 PYTHONPATH, else the planner columns are blank). Numbers only, no pass/fail.
 
     python3 benchmarks/gpu_memory_check.py [--models DIR ...] [--tokens N ...] [--json FILE]
@@ -63,11 +63,8 @@ def parse_args(argv=None):
 
 
 def load_planner():
-    try:
-        from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget
-        from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_inputs as inputs
-    except ImportError:
-        return None
+    from ansible_collections.uma.vllm.plugins.module_utils.plan import budget, inputs
+
     return budget, inputs
 
 

@@ -33,7 +33,7 @@ import threading
 import time
 import urllib.request
 
-from _lab import docker, drop_caches, meminfo, pretouch, start_node, wait_systemd
+from _lab import docker, drop_caches, meminfo, node_lib, pretouch, start_node, wait_systemd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIB = 1024 * 1024
@@ -69,7 +69,7 @@ def healthy(url: str) -> bool:
 
 
 def start_container(name: str, image: str, venv: str, models: str) -> str:
-    lib = os.path.join(ROOT, "plugins", "module_utils")
+    lib = node_lib()  # the node programs as a node has them (the package and its entry scripts)
     start_node(name, image, ["-v", "%s:/opt/vllm:ro" % venv, "-v", "%s:/models:ro" % models,
                              "-v", "%s:/usr/local/lib/uma-vllm:ro" % lib])  # fmt: skip
     wait_systemd(name)

@@ -9,7 +9,7 @@ reads /proc/meminfo and /proc/zoneinfo, and compares:
   and right after each setting (the mean of both cancels slow drift);
 - the kernel's formula recomputed from the same reads (si_mem_available:
   free - totalreserve + page cache and reclaimable slab minus the low watermark);
-- the collection's rule (plugins/module_utils/_memavail.py watermark_reserve),
+- the collection's rule (plugins/module_utils/node/base/memavail.py watermark_reserve),
   which only knows MemTotal and the two knobs.
 The knobs are restored at the end (also on Ctrl-C or an error). Writes kernel
 knobs: hold the lab lock.
@@ -28,8 +28,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache", "collections"))
 
-from ansible_collections.uma.vllm.plugins.module_utils import _memavail
-from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import memavail as _memavail
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
 
 KNOBS = {
     "min_free_kbytes": "/proc/sys/vm/min_free_kbytes",

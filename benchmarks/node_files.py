@@ -32,7 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, ".cache", "collections"))
-from ansible_collections.uma.vllm.plugins.module_utils._node_programs import program_names
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.node_install import package_dirs, program_names
 
 RECAP = re.compile(r"^localhost\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
 
@@ -61,15 +61,20 @@ def node_set(base: str) -> dict:
 
 def per_file_play(base: str) -> list:
     s = node_set(base)
-    src = os.path.join(ROOT, "plugins", "module_utils")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _lab import node_lib
+
+    src = node_lib()  # the node package and its entry scripts, as node_files installs them
+    dirs = [{"path": d} for d in [s["lib_dir"], *package_dirs(s["lib_dir"])]]
     tasks = [
         {"name": "Directories", "ansible.builtin.file": {"path": "{{ item.path }}", "state": "directory",
-         "mode": "{{ item.mode | default('0755') }}"}, "loop": s["directories"] + [{"path": s["lib_dir"]}]},
+         "mode": "{{ item.mode | default('0755') }}"}, "loop": s["directories"] + dirs},
         {"name": "Files", "ansible.builtin.copy": {"content": "{{ item.content }}", "dest": "{{ item.path }}",
          "mode": "0644"}, "loop": s["files"]},
         {"name": "Secret", "ansible.builtin.copy": {"content": "{{ item.content }}", "dest": "{{ item.path }}",
          "mode": "0600"}, "loop": s["secret_files"], "no_log": True},
-        {"name": "Programs", "ansible.builtin.copy": {"src": "%s/{{ item }}" % src, "dest": s["lib_dir"] + "/",
+        {"name": "Programs", "ansible.builtin.copy": {"src": "%s/{{ item }}" % src,
+         "dest": s["lib_dir"] + "/{{ item }}",
          "mode": "0644"}, "loop": program_names()},
     ]  # fmt: skip
     return [{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]

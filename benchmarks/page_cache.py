@@ -6,7 +6,7 @@ Writes a real safetensors checkpoint (``--size-gib`` split into ``--shards``),
 then, for every strategy and loader, interleaved and repeated ``--repeat``
 times: drops caches, pre-touches memory (this VM hands free memory back to its
 host), reads a bystander file (another workload's hot cache), starts the guard
-(the real ``plugins/module_utils/uma_guard.py`` CLI as a separate process),
+(the real ``plugins/module_utils/node/guard/program.py`` CLI as a separate process),
 loads the checkpoint while a separate process samples /proc/meminfo every
 ``--sample-ms``, and measures:
 
@@ -47,15 +47,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GUARD = os.path.join(ROOT, "plugins", "module_utils", "uma_guard.py")
-sys.path.insert(0, os.path.dirname(GUARD))
+from _lab import ROOT, drop_caches, meminfo, node_lib, pretouch
+from node.guard import config as _guard_config
+from node.guard import memory as _guard_memory
+from node.guard import residency as _guard_residency
 
-import _guard_config
-import _guard_memory
-import _guard_residency
-import uma_guard
-from _lab import drop_caches, meminfo, pretouch
+# the guard as a node runs it: the node package installed (main() makes it) beside its entry script
+GUARD = os.path.join(ROOT, ".cache", "node-lib", "uma_guard.py")
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -264,7 +262,7 @@ def _sampler(conn: Any, every: float, bystander: str, paths: List[str]) -> None:
         # warm while it is fully resident, and record any eviction first.
         residency = _guard_residency.Residency()
         while not stop.wait(BYSTANDER_KEEP_EVERY_S):
-            resident, size = uma_guard.file_residency(bystander, residency)
+            resident, size = _guard_residency.file_residency(bystander, residency)
             state["checks"] += 1
             state["min_resident"] = min(state["min_resident"], resident / float(size))
             if resident >= size:
@@ -504,7 +502,7 @@ def one_run(
     pretouch_s = pretouch(max(GIB, min(total + GIB, avail - 2 * GIB))) if not opts.short_mib else 0.0
     read_through(bystander)
     residency = _guard_residency.Residency()
-    by_before, by_size = uma_guard.file_residency(bystander, residency)
+    by_before, by_size = _guard_residency.file_residency(bystander, residency)
     guard: Any = None
     if strategy in PREFETCH_STRATEGIES:
         guard = PrefetchProcess(args or [], ckpt)
@@ -527,7 +525,7 @@ def one_run(
             sectors1 = sectors_read(opts.disk_stat)
             cpu1 = guard_cpu(guard.proc.pid) if guard else 0.0
             split1 = guard_user_sys(guard.proc.pid) if guard else (0.0, 0.0)
-            by_after, _unused = uma_guard.file_residency(bystander, residency)
+            by_after, _unused = _guard_residency.file_residency(bystander, residency)
             sampled = sampler.stop()
         status = guard.stop() if guard is not None else None
     finally:
@@ -878,6 +876,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.geteuid() != 0:
         log("needs root: it drops caches and sets read_ahead_kb")
         return 2
+    node_lib(os.path.dirname(GUARD))
     os.makedirs(opts.dir, exist_ok=True)
     ftype = fs_type(opts.dir)
     if ftype in ("tmpfs", "ramfs"):

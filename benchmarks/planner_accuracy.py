@@ -27,10 +27,8 @@ GIB = 1 << 30
 
 
 def load_plan_module():
-    try:
-        from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan
-    except ImportError:
-        sys.exit("planner_accuracy.py: run with PYTHONPATH=.cache/collections (bash tests/setup.sh makes the link)")
+    from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as _vllm_plan
+
     return _vllm_plan
 
 

@@ -25,7 +25,7 @@ allocation, the driver's fallbacks/failures and the /proc/vmstat deltas
      reserve, node_prep's vfs_cache_pressure 200, dirty_ratio 5, dirty_background_ratio 2,
      and g's guard (the launcher's readahead window is off by default, so none)
 
-  d  the collection's admission alone: the real launcher (plugins/module_utils/uma_launch.py and its node
+  d  the collection's admission alone: the real launcher (plugins/module_utils/node/launch/program.py and its node
      files, copied into the guest) with the loader as its engine, guard off, pre_evict none, no eviction
      after healthy, admission on the host's MemAvailable against the loader's startup request
      (ceil(MemTotal x --gmu)), waiting up to --admission-wait s; the guest's own knobs as in a
@@ -464,21 +464,22 @@ def setup(args):
                      (os.path.join(ROOT, "benchmarks", "shard_prefetch.py"), "/root/shard_prefetch.py")):  # fmt: skip
         with open(src, "rb") as fh:
             ssh("cat > %s" % dst, stdin=fh.read())
-    ssh("mkdir -p %s" % NODE_LIB)
-    for name in node_program_files():
-        with open(os.path.join(ROOT, "plugins", "module_utils", name), "rb") as fh:
-            ssh("cat > %s/%s" % (NODE_LIB, name), stdin=fh.read())
+    ssh("rm -rf %s" % NODE_LIB)
+    for name, text in node_program_files():
+        ssh("mkdir -p %s && cat > %s/%s" % (os.path.dirname(NODE_LIB + "/" + name), NODE_LIB, name),
+            stdin=text.encode("utf-8"))  # fmt: skip
     ssh("test -e /dev/fakegb10 || insmod /root/fakegb10.ko")
     ssh("dmesg -n 7")  # every kernel message to the serial console too: a guest that hangs keeps its log there
     return guest_knobs()
 
 
 def node_program_files():
-    """The node programs as the launch_wrapper role installs them (_node_programs.NODE_PROGRAMS, read as text: the
-    host side imports no collection code but the reserve rule)."""
-    with open(os.path.join(ROOT, "plugins", "module_utils", "_node_programs.py"), encoding="utf-8") as fh:
-        block = fh.read().split("\nNODE_PROGRAMS = (", 1)[1].split(")", 1)[0]
-    return [word.strip(",") + ".py" for word in block.split() if word.strip(",")]
+    """(path under lib_dir, text) of the node programs as the launch_wrapper role installs them: the node package
+    and its entry scripts (_lab.node_lib_files; the host side imports no Ansible)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _lab import node_lib_files
+
+    return node_lib_files()
 
 
 def guest_knobs():
@@ -510,9 +511,9 @@ def row(r):
 def reserve_spark_kb():
     """node_prep's vm.min_free_kbytes for a 121 GiB Spark (the collection's own rule, imported)."""
     sys.path.insert(0, os.path.join(ROOT, "plugins", "module_utils"))
-    import _sysctl  # host side only: the guest has no collection
+    from node.base import memavail  # host side only: the guest has no collection (the node package, stdlib only)
 
-    return _sysctl.size_min_free_kbytes(SPARK_RAM)["min_free_kbytes"]
+    return memavail.size_min_free_kbytes(SPARK_RAM)["min_free_kbytes"]
 
 
 def console_tail(lines=60):

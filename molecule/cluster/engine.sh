@@ -130,7 +130,7 @@ cluster_ports() {
     sed -n 's/.*tcp dport { \([0-9, ]*\) }.*/\1/p' | tr -d ,
 }
 # the lab's tp2 uses the role's defaults: the rank link at master_port + 10, the watchdogs' status
-# at + 11 (plugins/module_utils/_vllm_service_firewall.py); each must be one of the rules' ports
+# at + 11 (plugins/module_utils/service/firewall.py); each must be one of the rules' ports
 cluster_port() {
   local all master port
   all=$(cluster_ports)

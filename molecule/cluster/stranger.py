@@ -87,7 +87,7 @@ def forge_hello(target):
         print("sent %s, answer: %s" % (sorted(message), answer.decode(errors="replace").strip()[:300]))
 
 
-# the status request's signed data and headers of plugins/module_utils/_link_auth.py (this file runs
+# the status request's signed data and headers of plugins/module_utils/node/cluster/link_auth.py (this file runs
 # alone inside a lab node, so it cannot import it; tests/unit/test_lab_stranger.py pins the twins)
 STATUS_HEADERS = ("X-Uma-Nonce", "X-Uma-Time", "X-Uma-Mac")
 

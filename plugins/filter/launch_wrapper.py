@@ -2,7 +2,7 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the uma.vllm.launch_wrapper role (also used by uma.vllm.vllm_service): each engine's
-launcher config, thin wrappers over plugins/module_utils/_launch_wrapper.py.
+launcher config, thin wrappers over plugins/module_utils/service/launch_wrapper.py.
 
 - ``launch_wrapper_engine_config``: one engine mapping -> the config (a dict);
 - ``launch_wrapper_engine_files``: engine mappings -> ``uma.vllm.node_files`` entries
@@ -20,9 +20,9 @@ from typing import Any, Dict, List, Optional
 from ansible.errors import AnsibleFilterError
 from ansible.plugins.filter.core import to_nice_json
 
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_wrapper as model
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
+from ansible_collections.uma.vllm.plugins.module_utils.service import launch_wrapper as model
 
 
 def engine_config(engine: Dict[str, Any], managed: Optional[str] = None) -> Dict[str, Any]:

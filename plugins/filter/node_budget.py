@@ -2,13 +2,13 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter of the uma.vllm.vllm_service role: every started engine of a node budgeted
-together (plugins/module_utils/_node_budget.py)."""
+together (plugins/module_utils/plan/node_budget.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from ansible_collections.uma.vllm.plugins.module_utils._node_budget import plan_node
+from ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget import plan_node
 
 
 def node_budget(results: List[Dict[str, Any]], hostname: str) -> Dict[str, Any]:

@@ -2,11 +2,11 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter of playbooks/status.yml: what a node's engines are doing, per engine and rank, as data and as
-lines to print (plugins/module_utils/_status_report.py)."""
+lines to print (plugins/module_utils/service/status_report.py)."""
 
 from __future__ import annotations
 
-from ansible_collections.uma.vllm.plugins.module_utils._status_report import status_report
+from ansible_collections.uma.vllm.plugins.module_utils.service.status_report import status_report
 
 
 class FilterModule:

@@ -2,10 +2,10 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
-plugins/module_utils/_vllm_service.py (engines, checks, engine user, launcher configs, drop-ins),
-_vllm_service_state.py (restarts, unit states, status), _vllm_service_hub.py (models from the Hub),
-_vllm_service_hub_copy.py (a multi-node engine's model copied from rank 0)
-and _vllm_service_files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
+plugins/module_utils/service/engines.py (engines, checks, engine user, launcher configs, drop-ins),
+service/state.py (restarts, unit states, status), service/hub.py (models from the Hub),
+service/hub_copy.py (a multi-node engine's model copied from rank 0)
+and service/files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
 
@@ -17,14 +17,17 @@ from typing import Any, Callable
 from ansible.errors import AnsibleFilterError
 from ansible.plugins.filter.core import to_nice_json
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as files
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as firewall
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub as hub
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub_copy as hub_copy
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as version
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
+from ansible_collections.uma.vllm.plugins.module_utils.service import (
+    container,
+    files,
+    firewall,
+    hub,
+    hub_copy,
+    state,
+    version,
+)
+from ansible_collections.uma.vllm.plugins.module_utils.service import engines as model
+from ansible_collections.uma.vllm.plugins.module_utils.service.engines import EngineModelError
 
 
 def as_filter(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -61,7 +64,7 @@ status_entry = as_filter(state.status_entry)
 changed = as_filter(state.changed)
 with_peers = as_filter(state.with_peers)
 unit_actions = as_filter(state.unit_actions)
-shell_env = as_filter(model.shell_env)
+shell_env = as_filter(container.shell_env)
 hub_engines = as_filter(hub.hub_engines)
 hub_errors = as_filter(hub.hub_errors)
 hub_fetched = as_filter(hub.fetched)

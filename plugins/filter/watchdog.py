@@ -2,13 +2,13 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filter of the uma.vllm.vllm_service role: each engine's watchdog config on this node, a
-thin wrapper over plugins/module_utils/_vllm_service_watchdog.py (checked by the watchdog's
+thin wrapper over plugins/module_utils/service/watchdog.py (checked by the watchdog's
 own validation before anything is written)."""
 
 from __future__ import annotations
 
 from ansible_collections.uma.vllm.plugins.filter.vllm_service import as_filter
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_watchdog as model
+from ansible_collections.uma.vllm.plugins.module_utils.service import watchdog as model
 
 watchdog_configs = as_filter(model.watchdog_configs)
 

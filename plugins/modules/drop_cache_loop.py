@@ -19,8 +19,8 @@ description:
     V(files) uses C(posix_fadvise) on O(paths) only, V(global) writes C(/proc/sys/vm/drop_caches) every tick,
     V(adaptive) acts only when the unmapped file cache grows more than O(threshold_mib) (on O(paths) when given,
     else globally).
-  - The program and the C(_common.py) it imports are installed into O(lib_dir) from the collection's own
-    source (a change only when the content differs).
+  - The program (C(uma_guard.py) and the collection's node package C(uma_vllm_node/) it runs from) is installed
+    into O(lib_dir) from the collection's own source (a change only when the content differs).
   - O(state=started) when a guard with the same configuration already runs changes nothing; a different
     configuration (or a new program version) restarts it. Starting twice leaves one guard.
   - O(state=stopped) stops it (SIGTERM; the guard writes its final status) and returns the final status and
@@ -112,7 +112,7 @@ options:
     type: str
     default: /usr/bin/python3
   lib_dir:
-    description: Where the guard program (C(uma_guard.py), C(_common.py)) is installed on the node.
+    description: Where the guard program (C(uma_guard.py), C(node/base/common.py)) is installed on the node.
     type: str
     default: /usr/local/lib/uma-vllm
   run_dir:
@@ -233,12 +233,12 @@ node_files:
 
 from typing import Any, Dict
 
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_config as guard
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_service as svc
-from ansible_collections.uma.vllm.plugins.module_utils import _paths
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
-from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import config as guard
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.module import strict_module
+from ansible_collections.uma.vllm.plugins.module_utils.system import guard_service as svc
 
 
 def main() -> None:

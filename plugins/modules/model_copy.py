@@ -209,9 +209,9 @@ served:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_copy as mc
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
+from ansible_collections.uma.vllm.plugins.module_utils.models import copy as mc
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
 
 
 def _os_problem(err: OSError) -> UmaError:

@@ -167,9 +167,9 @@ gated:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
 
 
 def _os_problem(err: OSError) -> UmaError:

@@ -86,8 +86,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
-from ansible_collections.uma.vllm.plugins.module_utils._platform import (
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.system.platform import (
     classify,
     gather_files,
     parse_lscpu,

@@ -21,9 +21,10 @@ description:
     corrected in place.
   - O(secret_files) are files like O(files) whose content never appears in the result, the diff, a warning or
     an error; the diff shows only that, and by how many bytes, it changed.
-  - O(programs=true) installs the collection's node-side programs (the launcher C(uma_launch.py), the guard
-    C(uma_guard.py), the watchdog C(uma_watchdog.py) and every file they import) into O(lib_dir) from the
-    module's own payload, mode C(0644) owned by root.
+  - O(programs=true) installs the collection's node programs into O(lib_dir) from the module's own payload,
+    the node package as C(uma_vllm_node/) (directories C(0755)) and one entry script per program (the launcher
+    C(uma_launch.py), the guard C(uma_guard.py), the watchdog C(uma_watchdog.py), the readahead restorer
+    C(uma_readahead.py), the textfile collector C(uma_metrics.py)), files mode C(0644), owned by root.
   - Every entry is validated and the node is read before anything is touched; a refusal names the option with
     its index (for example C(files[2].mode)), the value and the fix, and leaves the node as it was.
 author:
@@ -115,8 +116,9 @@ options:
         default: root
   programs:
     description:
-      - Install the node-side programs into O(lib_dir) (mode C(0644), root:root); O(lib_dir) is created C(0755)
-        when missing, unless it is listed in O(directories).
+      - Install the node programs into O(lib_dir) (the package C(uma_vllm_node/) and the entry scripts; files
+        C(0644), directories C(0755), root:root); O(lib_dir) is created C(0755) when missing, unless it is listed
+        in O(directories).
     type: bool
     default: false
   lib_dir:
@@ -191,13 +193,12 @@ programs:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _node_files as nf
-from ansible_collections.uma.vllm.plugins.module_utils import _paths
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
-from ansible_collections.uma.vllm.plugins.module_utils._module import _raw_args as raw_args
-from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
-from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_files as nf
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.module import _raw_args as raw_args
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.module import strict_module
 
 
 def entry_spec(mode: str, content: bool, secret: bool = False) -> dict:
@@ -255,7 +256,7 @@ def main() -> None:
     )
     run_module(
         module,
-        lambda: nf.plan(module.params, NODE_PROGRAMS),
+        lambda: nf.plan(module.params),
         nf.execute,
         nf.result,
         failed_result=nf.failed_result,

@@ -251,9 +251,9 @@ changed:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose_node as node
-from ansible_collections.uma.vllm.plugins.module_utils import _paths
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import node
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
 
 
 def argument_spec():

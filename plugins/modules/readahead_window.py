@@ -21,11 +21,11 @@ description:
   - Records the values found before the first throttle in O(state_dir)C(/readahead-NAME.json); a second run
     while the window is open keeps the first record (it never records the throttled value as the original).
   - The window is closed ON THE NODE by a transient systemd timer C(uma-readahead-restore-NAME.timer) that
-    runs C(_blockdev.py restore) from O(lib_dir), so a play that fails or loses its connection after this task
-    never leaves a disk throttled. An enabled oneshot C(uma-readahead-restore.service) restores every pending
+    runs C(uma_readahead.py restore) from O(lib_dir), so a play that fails or loses its connection after this
+    task never leaves a disk throttled. An enabled oneshot C(uma-readahead-restore.service) restores every pending
     record at boot, for a reboot or container restart in the middle of a window.
-  - The restorer program is installed into O(lib_dir) from the collection's own source (a change only when
-    the content differs).
+  - The restorer program (C(uma_readahead.py) and the collection's node package C(uma_vllm_node/) it runs
+    from) is installed into O(lib_dir) from the collection's own source (a change only when the content differs).
   - O(state=restored) closes the window now - restores the recorded values, stops the timer and deletes the
     record.
   - O(persist=true) also writes a udev rule with the steady-state (restored) value per device, for the next
@@ -83,7 +83,7 @@ options:
     type: str
     default: /usr/bin/python3
   lib_dir:
-    description: Where the node-side programs (C(_blockdev.py), C(_common.py)) are installed.
+    description: Where the node-side programs (C(node/base/blockdev.py), C(node/base/common.py)) are installed.
     type: str
     default: /usr/local/lib/uma-vllm
   state_dir:
@@ -193,22 +193,22 @@ node_files:
   returned: when state is throttled
   type: list
   elements: dict
-  sample: [{"path": "/usr/local/lib/uma-vllm/_blockdev.py", "changed": false, "sha256": "9c1e...",
+  sample: [{"path": "/usr/local/lib/uma-vllm/uma_readahead.py", "changed": false, "sha256": "9c1e...",
             "sha256_before": "9c1e..."}]
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _paths
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_module
-from ansible_collections.uma.vllm.plugins.module_utils._readahead import (
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
+from ansible_collections.uma.vllm.plugins.module_utils.system.readahead import (
     WindowRequest,
     execute,
     plan,
     result,
     validate,
 )
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
 
 # The module's Python API as before the logic moved to _readahead (tests call it from here).
 __all__ = ["WindowRequest", "execute", "main", "plan", "result", "validate"]

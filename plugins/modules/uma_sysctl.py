@@ -193,10 +193,10 @@ from typing import Any, Dict, List
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils import _paths
-from ansible_collections.uma.vllm.plugins.module_utils._common import path_error
-from ansible_collections.uma.vllm.plugins.module_utils._flow import Refusal, run_module
-from ansible_collections.uma.vllm.plugins.module_utils._sysctl import (
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import path_error
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import Refusal, run_module
+from ansible_collections.uma.vllm.plugins.module_utils.system.sysctl import (
     DEFAULT_SYSCTL_CONF,
     DEFAULT_SYSCTL_DIRS,
     SysctlRequest,

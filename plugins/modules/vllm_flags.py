@@ -361,9 +361,9 @@ msg:
 """
 
 
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._module import strict_module
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_plan import PlanRefused, plan
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan.planner import PlanRefused, plan
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.module import strict_module
 
 ARGUMENT_SPEC = dict(
     model_path=dict(type="path"),

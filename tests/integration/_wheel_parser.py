@@ -23,8 +23,8 @@ import pytest
 import yaml
 from test_vllm_parser_oracle import FIXTURES, IMAGE, VENV
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 
 def skip_or_fail(reason: str) -> None:

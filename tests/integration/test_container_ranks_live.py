@@ -21,7 +21,7 @@ import time
 import pytest
 from test_vllm_parser_oracle import IMAGE
 
-from ansible_collections.uma.vllm.plugins.module_utils import _ranks
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
 
 NAME = "uma-itest-ranks-%d" % os.getpid()
 

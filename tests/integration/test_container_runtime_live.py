@@ -1,5 +1,5 @@
 """The container runtime of uma.vllm.vllm_service for real: the ``docker run`` line the role
-renders, started by the real launcher (plugins/module_utils/uma_launch.py) as the service unit
+renders, started by the real launcher (plugins/module_utils/node/launch/program.py) as the service unit
 would start it, runs the real vLLM CPU engine in a container on this machine's docker.
 
 The lab image stands in for the vLLM image (its venv mounted at /opt/vllm, no GPU: --gpus is
@@ -31,6 +31,7 @@ import time
 import urllib.error
 import urllib.request
 
+import _node_lib  # the installed node programs
 import pytest
 from test_multinode_argv import engine_command
 from test_vllm_parser_oracle import IMAGE, ROOT, VENV, _require, plan_mod
@@ -165,7 +166,7 @@ def launched(tmp_path_factory, request):
     env = dict(os.environ, VLLM_API_KEY=API_KEY)  # systemd's EnvironmentFile (the launcher keeps it)
     log = open(work / "launcher.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "plugins" / "module_utils" / "uma_launch.py"), "--engine", name,
+        [sys.executable, _node_lib.program("uma_launch.py"), "--engine", name,
          "--config", str(work / "engine.json"), "--node-config", str(work / "none.json")],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -225,7 +226,7 @@ def test_the_engines_vllm_processes_are_found_inside_the_container(launched):
     """The dead-rank watch (issue 19): the container's processes descend from the container
     runtime, not from the client the launcher started; they are found below the container's init
     (``docker/podman inspect -f {{.State.Pid}}``), for either client."""
-    from ansible_collections.uma.vllm.plugins.module_utils import _ranks
+    from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
 
     argv = launched["config"]["command"]
     init = _ranks.container_root_pid(argv)

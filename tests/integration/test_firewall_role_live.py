@@ -20,7 +20,7 @@ import time
 import pytest
 from test_vllm_parser_oracle import IMAGE, ROOT
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as fw
+from ansible_collections.uma.vllm.plugins.module_utils.service import firewall as fw
 
 PREFIX = "itest-fw-%d" % os.getpid()
 NODE, PEER, STRANGER = PREFIX + "-node", PREFIX + "-peer", PREFIX + "-stranger"

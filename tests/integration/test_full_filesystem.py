@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit", "harnes
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "unit", "plugins", "modules"))
 import harness_core as h
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
 from ansible_collections.uma.vllm.plugins.modules import readahead_window, uma_sysctl
 
 OLD = "old content, must survive\n" * 40

@@ -22,7 +22,7 @@ import pytest
 from ansible.module_utils import basic
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
 from ansible_collections.uma.vllm.plugins.modules import model_fetch
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

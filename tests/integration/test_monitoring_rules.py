@@ -24,8 +24,9 @@ import jsonschema
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, uma_watchdog
-from ansible_collections.uma.vllm.plugins.module_utils import _metrics as m
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import metrics as m
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as uma_watchdog
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ROLE_FILES = os.path.join(ROOT, "roles", "monitoring", "files")

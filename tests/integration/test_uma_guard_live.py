@@ -1,4 +1,4 @@
-"""The real guard program (plugins/module_utils/uma_guard.py) against real files and the real kernel.
+"""The real guard program (plugins/module_utils/node/guard/program.py) against real files and the real kernel.
 
 Each test runs ``python3 uma_guard.py`` as a separate process for a few
 seconds on files in a temporary directory and checks their page-cache
@@ -22,12 +22,13 @@ import threading
 import time
 from pathlib import Path
 
+import _node_lib  # the installed node programs
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_residency
-from ansible_collections.uma.vllm.plugins.module_utils import uma_guard as g
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as g
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import residency as _guard_residency
 
-GUARD = os.path.abspath(g.__file__)
+GUARD = _node_lib.program("uma_guard.py")  # the installed entry script, as a node runs it
 MIB = 1 << 20
 ROOT = os.geteuid() == 0
 

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
-from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
+import _node_lib  # the installed node programs
+
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 HERE = os.path.dirname(__file__)
 STAND_IN = os.path.join(HERE, "fixtures", "stand_in_engine.py")
@@ -21,7 +23,7 @@ def run(tmp_path, request_bytes, wait="1"):
     model.mkdir(exist_ok=True)
     (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(1 << 20))
     argv = [
-        sys.executable, uma_launch.__file__, "--engine", "adm", "--node-config", "/nonexistent",
+        sys.executable, _node_lib.program("uma_launch.py"), "--engine", "adm", "--node-config", "/nonexistent",
         "--health-url", "http://127.0.0.1:9/health", "--model-path", str(model),
         "--lock-path", str(tmp_path / "lock"), "--state-dir", str(tmp_path / "state"),
         "--health-timeout", "30", "--admission-request-bytes", str(request_bytes), "--admission-wait", wait,

@@ -15,12 +15,13 @@ import subprocess
 import sys
 import time
 
+import _node_lib  # the installed node programs
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 HERE = os.path.dirname(__file__)
-LAUNCHER = uma_launch.__file__
+LAUNCHER = _node_lib.program("uma_launch.py")  # as the unit runs it: the entry script of the installed package
 STAND_IN = os.path.join(HERE, "fixtures", "stand_in_engine.py")
 
 
@@ -188,7 +189,7 @@ def test_dead_holder_never_leaks_the_lock(env):
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; sys.path[:0] = %r; "
-         "from ansible_collections.uma.vllm.plugins.module_utils.uma_launch import LaunchLock; "
+         "from ansible_collections.uma.vllm.plugins.module_utils.node.launch.program import LaunchLock; "
          "l = LaunchLock(%r, 'doomed'); assert l.try_acquire(); print('held', flush=True); time.sleep(60)"
          % (sys.path, env["lock"])],
         stdout=subprocess.PIPE, text=True,

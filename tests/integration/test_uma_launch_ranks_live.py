@@ -18,7 +18,8 @@ import time
 import pytest
 from test_uma_launch_live import LAUNCHER, STAND_IN, free_port, read_until
 
-from ansible_collections.uma.vllm.plugins.module_utils import _ranks, uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 
 @pytest.fixture

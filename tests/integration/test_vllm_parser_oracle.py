@@ -28,7 +28,7 @@ IMAGE = "uma-lab/node:bookworm"
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "models"
 
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 ORACLE = r"""
 import argparse, contextlib, io, json, sys, traceback

@@ -27,10 +27,9 @@ import urllib.request
 import pytest
 from test_vllm_parser_oracle import IMAGE, ROOT, VENV, _require
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic, probes
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
 API_KEY = "wd-itest-%d" % os.getpid()
 

@@ -17,8 +17,8 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_node
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget_mod
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.plan import budget as budget_mod
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PLATFORM = ROOT / "tests" / "unit" / "fixtures" / "platform"

@@ -27,7 +27,7 @@ def _script():
 
 
 def test_planner_columns_are_the_planners_activation_reserve():
-    from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget
+    from ansible_collections.uma.vllm.plugins.module_utils.plan import budget
 
     gm = _script()
     planner = gm.load_planner()

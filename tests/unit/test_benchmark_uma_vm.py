@@ -102,11 +102,11 @@ def test_the_report_of_c_says_what_the_launcher_and_the_watchdog_did(uma_vm, tmp
 
 
 def test_the_launcher_copied_into_the_guest_is_the_node_programs_the_role_installs(uma_vm):
-    from ansible_collections.uma.vllm.plugins.module_utils import _node_programs
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
-    names = uma_vm.node_program_files()
-    assert names == _node_programs.program_names()
-    assert "uma_launch.py" in names and all((ROOT / "plugins" / "module_utils" / n).is_file() for n in names)
+    files = uma_vm.node_program_files()
+    assert sorted(files) == sorted(node_install.node_sources())  # the same paths and the same text
+    assert "uma_launch.py" in dict(files)
 
 
 @pytest.mark.parametrize("hold", ["600", "0:10", "x:10", "600:-1", "600:4000", "600:nan"])

@@ -61,3 +61,31 @@ def test_every_filter_has_its_sidecar_doc(name):
 def test_no_sidecar_without_a_filter():
     sidecars = sorted(p.stem for p in (ROOT / "plugins" / "filter").glob("*.yml"))
     assert sidecars == _filters()
+
+
+MODULE_UTILS = ROOT / "plugins" / "module_utils"
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        str(p.relative_to(MODULE_UTILS))
+        for p in MODULE_UTILS.rglob("*.py")
+        if "__pycache__" not in p.parts and (p.name != "__init__.py" or p.parent.name == "node")
+    ),
+)
+def test_the_architecture_page_names_every_module_utils_file(name):
+    """docs/ARCHITECTURE.md is the map of the house: a file it does not name is a room nobody can find."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert "`%s`" % name in text, "docs/ARCHITECTURE.md does not name plugins/module_utils/%s" % name
+
+
+def test_module_utils_has_no_flat_files_and_no_import_fallback():
+    """Every module_utils file lives in a package of its domain, imported one way."""
+    assert sorted(p.name for p in MODULE_UTILS.glob("*.py")) == []
+    fallbacks = [
+        str(p.relative_to(ROOT))
+        for p in MODULE_UTILS.rglob("*.py")
+        if re.search(r"except ImportError:.*\n\s+(from _|import _)", p.read_text(encoding="utf-8"))
+    ]
+    assert fallbacks == []

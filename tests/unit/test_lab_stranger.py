@@ -12,8 +12,8 @@ import subprocess
 import sys
 import time
 
-from ansible_collections.uma.vllm.plugins.module_utils import _link_auth as link_auth
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import link_auth
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import probes
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "molecule" / "cluster" / "stranger.py"
 

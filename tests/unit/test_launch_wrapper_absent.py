@@ -1,7 +1,8 @@
 """launch_wrapper state=absent removes only what it owns (issue 13 item 4).
 
 The lib dir is shared: readahead_window's boot unit and the timer of an open window run
-_blockdev.py from it, and monitoring keeps its collector in lib_dir/monitoring. Before the fix
+uma_readahead.py (and the node package) from it, and monitoring keeps its collector in
+lib_dir/monitoring. Before the fix
 the role deleted the whole directory. Each case runs the real role (ansible-playbook, local
 connection) on directories under tmp_path; the real systemd is not touched (the boot unit is a
 file the role reads). The proof on a systemd node is molecule/launch_wrapper/cleanup.yml.
@@ -18,11 +19,12 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _node_programs, _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install as _node_programs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PROGRAMS = _node_programs.program_names()  # what uma.vllm.node_files installs (programs: true)
-RESTORER = ["_blockdev.py", "_common.py", "_paths.py"]
+RESTORER = ["uma_readahead.py", "uma_vllm_node"]
 
 
 CASES = {
@@ -39,8 +41,8 @@ def node(base, boot_unit=False, record=False, monitoring=False, other_lib=None):
     lib, state, etc, units = (base / d for d in ("lib", "state", "etc", "units"))
     for directory in (lib, state / "launches" / "a", etc / "engines", units):
         directory.mkdir(parents=True)
-    for name in PROGRAMS:
-        (lib / name).write_text((ROOT / "plugins" / "module_utils" / name).read_text())
+    # what uma.vllm.node_files installs (programs: true): the node package and its entry scripts
+    _node_programs.install_node_files(_node_programs.plan_node_files(str(lib)))
     (lib / "__pycache__").mkdir()
     (base / "vllm-uma-launch").write_text("#!/bin/sh\n")
     (etc / "launch.json").write_text("{}\n")
@@ -52,7 +54,7 @@ def node(base, boot_unit=False, record=False, monitoring=False, other_lib=None):
         (state / "readahead-w.json").write_text(json.dumps({"version": 1, "name": "w", "devices": []}))
     if monitoring:
         (lib / "monitoring").mkdir()
-        (lib / "monitoring" / "_metrics.py").write_text("# monitoring's collector\n")
+        (lib / "monitoring" / "uma_metrics.py").write_text("# monitoring's collector\n")
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,7 @@ def test_the_readahead_boot_units_restorer_is_kept_and_still_runs(removed):
     assert left(base) == RESTORER
     # the boot unit's command, with the files that are left and no Ansible on the path
     ran = subprocess.run(
-        [sys.executable, "-S", str(base / "lib" / "_blockdev.py"), "restore", "--all",
+        [sys.executable, "-S", str(base / "lib" / "uma_readahead.py"), "restore", "--all",
          "--state-dir", str(base / "state")],
         capture_output=True, text=True, cwd=base, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
         timeout=60, check=False,
@@ -120,7 +122,7 @@ def test_an_open_windows_record_keeps_the_restorer(removed):
 
 def test_monitorings_collector_keeps_its_directory(removed):
     assert left(removed / "monitoring") == ["monitoring"]
-    assert (removed / "monitoring" / "lib" / "monitoring" / "_metrics.py").exists()
+    assert (removed / "monitoring" / "lib" / "monitoring" / "uma_metrics.py").exists()
 
 
 def test_a_boot_unit_for_another_lib_dir_keeps_nothing(removed):

@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _status_report as sr
+from ansible_collections.uma.vllm.plugins.module_utils.service import status_report as sr
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

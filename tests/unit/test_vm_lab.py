@@ -93,7 +93,7 @@ def test_the_vm_inventory_is_the_collections_own_shape():
     one engine: the loader as rank 0 of two, planned from the weights uma_vm.py measures."""
     import yaml
 
-    from ansible_collections.uma.vllm.plugins.module_utils import _sysctl
+    from ansible_collections.uma.vllm.plugins.module_utils.system import sysctl as _sysctl
 
     group = yaml.safe_load((ROOT / "inventories" / "vm" / "group_vars" / "uma_vm.yml").read_text())
     spark = _sysctl.size_min_free_kbytes(121 * 1024**3)["min_free_kbytes"]

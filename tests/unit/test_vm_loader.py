@@ -27,7 +27,7 @@ import urllib.request
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose_parse
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import parse as _diagnose_parse
 
 ROOT = pathlib.Path(__file__).resolve().parents[1].parent
 LOADER = ROOT / "lab" / "vm" / "uma_loader.py"

@@ -106,7 +106,7 @@ def test_udev_rule_holds_the_steady_state_value(host):
 
 
 def test_node_programs_are_installed(host):
-    for name in ("uma_guard.py", "_common.py", "_blockdev.py"):
+    for name in ("uma_guard.py", "uma_vllm_node/base/common.py", "uma_vllm_node/guard/program.py"):
         f = host.file("/usr/local/lib/uma-vllm/" + name)
         assert f.exists and f.mode == 0o644 and f.user == "root"
     assert not host.file("/usr/local/lib/uma-vllm/__pycache__").exists

@@ -14,7 +14,7 @@ def steps(rec):
 
 
 def test_programs_installed(host):
-    for name in ("_common.py", "_blockdev.py", "uma_guard.py", "uma_launch.py"):
+    for name in ("uma_vllm_node/base/common.py", "uma_vllm_node/base/blockdev.py", "uma_guard.py", "uma_launch.py"):
         f = host.file("/usr/local/lib/uma-vllm/" + name)
         assert f.exists and f.user == "root" and f.mode == 0o644
     launcher = host.file("/usr/local/bin/vllm-uma-launch")

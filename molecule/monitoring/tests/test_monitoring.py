@@ -28,11 +28,14 @@ def test_timer_enabled_and_active_and_units_managed(host):
 
 
 def test_programs_installed_as_in_the_collection(host):
-    for name in ("_metrics.py", "_common.py", "_paths.py"):
-        installed = host.file("/usr/local/lib/uma-vllm/monitoring/" + name)
+    # the node package as the collection has it, and the collector's entry script
+    for name in ("base/metrics.py", "base/common.py", "base/paths.py", "__init__.py", "base/__init__.py"):
+        installed = host.file("/usr/local/lib/uma-vllm/monitoring/uma_vllm_node/" + name)
         assert installed.mode == 0o644 and installed.user == "root"
-        with open(os.path.join(REPO, "plugins", "module_utils", name), encoding="utf-8") as handle:
+        with open(os.path.join(REPO, "plugins", "module_utils", "node", name), encoding="utf-8") as handle:
             assert installed.content_string == handle.read(), name
+    entry = host.file("/usr/local/lib/uma-vllm/monitoring/uma_metrics.py")
+    assert entry.mode == 0o644 and "from uma_vllm_node.base.metrics import main" in entry.content_string
 
 
 def test_textfile_has_the_nodes_launches_guard_and_sysctls(host):

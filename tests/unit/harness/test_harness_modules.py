@@ -29,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _guard_service
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.system import guard_service as _guard_service
 from ansible_collections.uma.vllm.plugins.modules import (
     drop_cache_loop,
     engine_facts,
@@ -51,7 +52,8 @@ from test_readahead_window import FakeSystemd
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
 from test_model_fetch import StandInHubClient, make_repo
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_copy, _model_fetch
+from ansible_collections.uma.vllm.plugins.module_utils.models import copy as _model_copy
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as _model_fetch
 
 EXAMPLES = int(os.environ.get("UMA_HARNESS_EXAMPLES", "1000"))
 PYTHON = "/usr/bin/python3"
@@ -736,7 +738,7 @@ class EngineFacts(Target):
         return args, [], False
 
     def post_check(self, args, result, root):
-        from ansible_collections.uma.vllm.plugins.module_utils._engine_facts import is_engine_name
+        from ansible_collections.uma.vllm.plugins.module_utils.service.engine_facts import is_engine_name
 
         if result.get("changed"):
             return "a read-only module reported a change"
@@ -839,7 +841,7 @@ class ModelCopy(Target):
         import hashlib
         import threading
 
-        from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json
+        from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import atomic_write_json
 
         self.base = tempfile.mkdtemp(prefix="harness-rank0-")
         snap = os.path.join(self.base, "snap")

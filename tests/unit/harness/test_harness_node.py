@@ -33,6 +33,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,11 +44,16 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_wrapper, _vllm_service_watchdog
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils"))
+import node_helpers
+
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic
+from ansible_collections.uma.vllm.plugins.module_utils.service import launch_wrapper as _launch_wrapper
+from ansible_collections.uma.vllm.plugins.module_utils.service import watchdog as _vllm_service_watchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULE_UTILS = os.path.normpath(os.path.join(HERE, "..", "..", "..", "plugins", "module_utils"))
+# the programs as a node runs them: the node package installed by the collection's installer
+NODE_LIB = node_helpers.NODE_LIB
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
 EXAMPLES = int(os.environ.get("UMA_NODE_HARNESS_EXAMPLES", "120"))
 TIMEOUT_S = 20
@@ -194,7 +200,7 @@ class Launcher:
             "readahead_kb": None,
             "evict_after_healthy": True,
             "state_dir": os.path.join(root, "state"),
-            "lib_dir": MODULE_UTILS,
+            "lib_dir": NODE_LIB,
             "python": PYTHON,
             "engine_user": "nobody",
             "engine_group": None,
@@ -210,7 +216,7 @@ class Launcher:
         node, engine = self.files(root)
         node_path, engine_path = os.path.join(root, "launch.json"), os.path.join(root, "engine.json")
         # no --engine: the engine file's name counts (the unit's --engine %i would win over it)
-        argv = [os.path.join(MODULE_UTILS, "uma_launch.py"), "--config", engine_path, "--node-config", node_path,
+        argv = [os.path.join(NODE_LIB, "uma_launch.py"), "--config", engine_path, "--node-config", node_path,
                 "--check-config"]  # fmt: skip
         mode = data.draw(st.sampled_from(["value", "value", "file", "valid"]), label="mode") if data else "valid"
         _dump(node_path, node)
@@ -292,7 +298,7 @@ class Watchdog:
     def build(self, data, root: str, variant: Optional[str] = None) -> Case:
         cfg = self.config(root)
         path = os.path.join(root, "watchdog.json")
-        argv = [os.path.join(MODULE_UTILS, "uma_watchdog.py"), "--config", path, "--check-config"]
+        argv = [os.path.join(NODE_LIB, "uma_watchdog.py"), "--config", path, "--check-config"]
         _dump(path, cfg)
         mode = data.draw(st.sampled_from(["value", "value", "file", "valid"]), label="mode") if data else "valid"
         if mode == "valid":
@@ -351,7 +357,7 @@ class GuardCli:
         os.makedirs(model, exist_ok=True)
         with open(os.path.join(model, "model.safetensors"), "wb") as handle:
             handle.write(b"\0" * 4096)
-        return [os.path.join(MODULE_UTILS, "uma_guard.py"), "--name", "launch-main", "--mode", "files",
+        return [os.path.join(NODE_LIB, "uma_guard.py"), "--name", "launch-main", "--mode", "files",
                 "--paths", model, "--status-file", os.path.join(root, "guard.json"),
                 "--samples-file", os.path.join(root, "samples.jsonl"), "--check-config"]  # fmt: skip
 

@@ -12,9 +12,11 @@ import sys
 import harness_core as h
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _common, _sysctl
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, require_int, systemd_quote
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, require_int, systemd_quote
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.system import sysctl as _sysctl
 from ansible_collections.uma.vllm.plugins.modules import node_facts, oom_diagnose, uma_sysctl, vllm_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -210,7 +212,7 @@ def test_boot_unit_quotes_every_execstart_word():
     unit = _blockdev.render_boot_unit("/usr/bin/python3", "/usr/local/lib/uma-vllm", "/var/lib/uma-vllm", "/x y")
     exec_line = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert exec_line == [
-        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/_blockdev.py restore --all --state-dir "
+        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/uma_readahead.py restore --all --state-dir "
         '/var/lib/uma-vllm --sysfs-root "/x y"'
     ]
 
@@ -352,7 +354,7 @@ def test_node_facts_missing_absolute_tool_is_not_a_failure(tmp_path, option):
 
 
 def test_guard_samples_file_never_follows_a_symlink(tmp_path):
-    from ansible_collections.uma.vllm.plugins.module_utils import _guard_status
+    from ansible_collections.uma.vllm.plugins.module_utils.node.guard import status as _guard_status
 
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
@@ -365,7 +367,7 @@ def test_guard_samples_file_never_follows_a_symlink(tmp_path):
 
 
 def test_guard_samples_file_refused_in_a_shared_directory(tmp_path):
-    from ansible_collections.uma.vllm.plugins.module_utils import _guard_status
+    from ansible_collections.uma.vllm.plugins.module_utils.node.guard import status as _guard_status
 
     shared = tmp_path / "shared"
     shared.mkdir()

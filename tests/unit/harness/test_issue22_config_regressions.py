@@ -10,16 +10,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_config, uma_guard
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils"))
+import node_helpers
+
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULE_UTILS = os.path.normpath(os.path.join(HERE, "..", "..", "..", "plugins", "module_utils"))
+# the programs as a node runs them: the node package installed by the collection's installer
+NODE_LIB = node_helpers.NODE_LIB
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
 
 
@@ -50,7 +56,7 @@ def test_damaged_node_config_exits_78_and_never_starts_the_engine(tmp_path, body
     model = tmp_path / "model"
     model.mkdir()
     argv = [
-        os.path.join(MODULE_UTILS, "uma_launch.py"), "--engine", "e", "--node-config", str(node),
+        os.path.join(NODE_LIB, "uma_launch.py"), "--engine", "e", "--node-config", str(node),
         "--health-url", "http://127.0.0.1:9/health", "--health-timeout", "2", "--model-path", str(model),
         "--guard-mode", "files", "--lock-path", str(tmp_path / "launch.lock"), "--state-dir", str(tmp_path / "state"),
         "--", PYTHON, "-c", "import os; open(%r, 'w').write(str(os.getuid()))" % str(marker),
@@ -135,7 +141,7 @@ def test_a_fifo_as_config_is_refused_not_waited_on(tmp_path, program):
     """open() + read() of a FIFO blocks until a writer comes: the program hung at start."""
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
-    proc = node_run([os.path.join(MODULE_UTILS, program), "--config", str(fifo)], timeout=20)
+    proc = node_run([os.path.join(NODE_LIB, program), "--config", str(fifo)], timeout=20)
     assert proc.returncode == 78 and "is not a regular file" in proc.stderr, proc.stderr
 
 
@@ -144,7 +150,7 @@ def test_a_non_utf8_config_is_refused_not_mangled(tmp_path, program):
     """Bytes that are not UTF-8 became U+FFFD and the rest of the file was used."""
     config = tmp_path / "config.json"
     config.write_bytes(b'{"engine": "main", "model": "\xff"}')
-    proc = node_run([os.path.join(MODULE_UTILS, program), "--config", str(config)], timeout=20)
+    proc = node_run([os.path.join(NODE_LIB, program), "--config", str(config)], timeout=20)
     assert proc.returncode == 78 and "is not UTF-8" in proc.stderr, proc.stderr
 
 
@@ -221,14 +227,14 @@ def test_check_config_validates_without_running(tmp_path):
     """--check-config: every program validates, says so in one line and exits (the harness's mode)."""
     model = tmp_path / "model"
     model.mkdir()
-    guard = node_run([os.path.join(MODULE_UTILS, "uma_guard.py"), "--name", "x", "--mode", "files", "--paths",
+    guard = node_run([os.path.join(NODE_LIB, "uma_guard.py"), "--name", "x", "--mode", "files", "--paths",
                       str(model), "--check-config"])  # fmt: skip
     assert guard.returncode == 0 and "valid" in guard.stdout and not (tmp_path / "guard.json").exists()
     config = tmp_path / "w.json"
     config.write_text(json.dumps({"engine": "main", "state_dir": str(tmp_path / "state")}))
-    dog = node_run([os.path.join(MODULE_UTILS, "uma_watchdog.py"), "--config", str(config), "--check-config"])
+    dog = node_run([os.path.join(NODE_LIB, "uma_watchdog.py"), "--config", str(config), "--check-config"])
     assert dog.returncode == 0 and "valid" in dog.stdout and not (tmp_path / "state").exists()
-    launch = node_run([os.path.join(MODULE_UTILS, "uma_launch.py"), "--engine", "e", "--health-url", "http://x/h",
+    launch = node_run([os.path.join(NODE_LIB, "uma_launch.py"), "--engine", "e", "--health-url", "http://x/h",
                        "--node-config", str(tmp_path / "none.json"), "--state-dir", str(tmp_path / "state"),
                        "--check-config", "--", "true"])  # fmt: skip
     assert launch.returncode == 0 and "no launch.json" in launch.stdout and not (tmp_path / "state").exists()

@@ -1,7 +1,7 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The launcher's per-engine config (plugins/filter/launch_wrapper.py over
-plugins/module_utils/_launch_wrapper.py): the same document the role's Jinja wrote before the
+plugins/module_utils/service/launch_wrapper.py): the same document the role's Jinja wrote before the
 filter (tasks/engine.yml up to this release), rendered by ansible-core's to_nice_json."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.uma.vllm.plugins.filter import launch_wrapper as lw
-from ansible_collections.uma.vllm.plugins.module_utils._launch_wrapper import MANAGED
+from ansible_collections.uma.vllm.plugins.module_utils.service.launch_wrapper import MANAGED
 
 BASE = {"name": "e1", "command": ["/opt/vllm/bin/python", "-m", "vllm"], "model_path": "/models/m", "port": 8100}
 
@@ -131,7 +131,7 @@ def test_what_the_role_writes_passes_the_launchers_validator(tmp_path, user):
     engine's file from this filter: the node's launcher (its strict reader and validator) takes both."""
     from jinja2.nativetypes import NativeEnvironment
 
-    from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
 
     root = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
     with open(os.path.join(root, "roles", "launch_wrapper", "defaults", "main.yml"), encoding="utf-8") as handle:

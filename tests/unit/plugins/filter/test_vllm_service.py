@@ -12,8 +12,8 @@ import pytest
 from vllm_service_cases import ADDRS, HOSTS, MODEL, NATIVE, engine, one, plan
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_files as vsf
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as vss
+from ansible_collections.uma.vllm.plugins.module_utils.service import files as vsf
+from ansible_collections.uma.vllm.plugins.module_utils.service import state as vss
 
 DOCKER = dict(
     NATIVE,

@@ -101,7 +101,7 @@ def test_the_roles_health_timeout_reaches_the_launcher(tmp_path):
     """vllm_service_health_timeout_s is what the launcher on the node waits, not launch_wrapper's node-wide
     1800 s: the engine's config (written by the role) overrides the node's launch.json."""
     from ansible_collections.uma.vllm.plugins.filter import launch_wrapper as lw
-    from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
 
     e = one("ai1", secrets={"VLLM_API_KEY": "k"})
     config = vs.launch_config(e, plan(), dict(NATIVE, health_timeout_s="3600"), {})

@@ -9,7 +9,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
 from ansible_collections.uma.vllm.plugins.filter import watchdog as wf
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic
 
 ENGINES = [
     {"name": "tp2", "nodes": ["ai1", "ai2", "ai3"], "port": 8100, "model_path": "/models/tiny"},
@@ -164,21 +164,19 @@ def test_a_multi_node_engines_status_is_signed_with_its_link_key():
 
 
 def test_the_config_carries_the_node_programs_fingerprint_so_new_programs_restart_the_watchdog(tmp_path, monkeypatch):
-    """A running watchdog keeps the code it started with: on the VM lab node an updated _watchdog_logic.py was
+    """A running watchdog keeps the code it started with: on the VM lab node an updated watchdog logic was
     installed by site.yml while the old watchdog went on deciding with the old rules. The config now holds the
     programs' fingerprint (node_files' own value), so new programs are a changed config: the role restarts it."""
-    from ansible_collections.uma.vllm.plugins.module_utils import _nodefiles
-    from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_watchdog as wd
-    from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
-    installed = _nodefiles.files_fingerprint(_nodefiles.plan_node_files(NODE_PROGRAMS, str(tmp_path)))
+    installed = node_install.files_fingerprint(node_install.plan_node_files(str(tmp_path)))
     for item in configs("ai1").values():
         assert item["config"]["programs"] == installed
         assert logic.validate(item["config"])["programs"] == installed
     # one program's text changes -> another fingerprint -> another config
-    real = _nodefiles.module_source
+    real = node_install.module_source
     monkeypatch.setattr(
-        wd, "module_source", lambda m: real(m) + ("\n# new" if m.__name__.endswith("_watchdog_logic") else "")
+        node_install, "module_source", lambda m: real(m) + ("\n# new" if m.__name__.endswith("watchdog.logic") else "")
     )
     assert configs("ai1")["solo"]["config"]["programs"] != installed
     with pytest.raises(logic.UmaError) as err:
@@ -192,7 +190,7 @@ def test_a_loader_that_gives_bytes_gives_the_same_source():
     fingerprint failed on the controller: 'bytes' object has no attribute 'encode')."""
     import types
 
-    from ansible_collections.uma.vllm.plugins.module_utils import _nodefiles
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install as _nodefiles
 
     class BytesLoader:
         @staticmethod

@@ -2,8 +2,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Helpers shared by the unit tests of the node programs (no tests here).
 
-- ``flat_copy``: the node programs in one flat directory, as uma.vllm.node_files installs them
-  (``_node_programs.NODE_PROGRAMS``), to run with ``python3 -S FILE`` and no Ansible.
+- ``flat_copy``: the node package and its entry scripts in one lib directory, installed by the
+  collection's own installer as uma.vllm.node_files installs them (``plumbing/node_install.py``),
+  to run with ``python3 -S lib/uma_launch.py`` and no Ansible.
+- ``NODE_LIB``: one such directory for this test process (the programs as a node runs them).
 - ``watchdog_config``: a watchdog config file whose every path is under ``tmp_path``.
 - ``launch_config``: a validated launcher config whose every path is under ``tmp_path``.
 """
@@ -12,24 +14,34 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
+import tempfile
 
-from ansible_collections.uma.vllm.plugins.module_utils import _node_programs, uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
-MODULE_UTILS = os.path.dirname(os.path.abspath(uma_launch.__file__))
 # the node's python3 without the venv's site-packages: the programs must need the stdlib only
 NODE_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 MEMINFO_24G = "MemTotal: 25165824 kB\nMemFree: 1048576 kB\nMemAvailable: 16777216 kB\n"
 
 
+def install_node_lib(lib):
+    """Install the node package and its entry scripts into ``lib`` (a str or path) with the collection's
+    own installer, as uma.vllm.node_files does on a node; returns ``lib``."""
+    node_install.install_node_files(node_install.plan_node_files(str(lib)))
+    return lib
+
+
 def flat_copy(tmp_path):
-    """``tmp_path/lib`` with every node program, the set the roles install on a node."""
+    """``tmp_path/lib`` with the node package and its entry scripts, the set the roles install on a node."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    for name in _node_programs.program_names():
-        shutil.copy(os.path.join(MODULE_UTILS, name), str(lib / name))
-    return lib
+    return install_node_lib(lib)
+
+
+# One installed lib_dir for this test process: the harnesses run the programs from it
+# (``os.path.join(NODE_LIB, "uma_launch.py")``), as a node's units do.
+NODE_LIB = install_node_lib(tempfile.mkdtemp(prefix="uma-node-lib-"))
 
 
 def watchdog_config(tmp_path, state_dir, textfile_dir=None, **extra):

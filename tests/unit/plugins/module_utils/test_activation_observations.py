@@ -31,7 +31,7 @@ import pathlib
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 GIB = float(1 << 30)
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "models"

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, parse_fingerprint
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, parse_fingerprint
 
 # ---------------------------------------------------------------------------------------------
 # A fake sysfs: /devices/... holds the device directories, /dev/block/MAJ:MIN and
@@ -358,7 +358,7 @@ def test_cli_single_record_and_errors(sysfs, tmp_path, capsys):
 def test_restore_command():
     assert _blockdev.restore_command("/usr/bin/python3", "/usr/local/lib/uma-vllm", "/sys", record="/v/r.json") == [
         "/usr/bin/python3",
-        "/usr/local/lib/uma-vllm/_blockdev.py",
+        "/usr/local/lib/uma-vllm/uma_readahead.py",
         "restore",
         "--record",
         "/v/r.json",
@@ -379,8 +379,8 @@ def test_boot_unit_is_managed_and_restores_all():
     text = _blockdev.render_boot_unit("/usr/bin/python3", "/usr/local/lib/uma-vllm", "/var/lib/uma-vllm")
     assert parse_fingerprint(text)["intact"]
     assert (
-        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/_blockdev.py restore --all --state-dir /var/lib/uma-vllm\n"
-        in text
+        "ExecStart=/usr/bin/python3 /usr/local/lib/uma-vllm/uma_readahead.py restore --all "
+        "--state-dir /var/lib/uma-vllm\n" in text
     )
     assert "Type=oneshot\n" in text and "WantedBy=multi-user.target\n" in text
 
@@ -410,21 +410,19 @@ def test_check_safe_path_accepts():
 
 
 def test_program_runs_without_ansible(tmp_path, sysfs):
-    """The node runs `python3 _blockdev.py` from lib_dir with _common.py beside it, no Ansible on sys.path."""
-    import shutil
+    """The node runs `python3 uma_readahead.py` from lib_dir with the node package beside it, no Ansible on sys.path."""
     import subprocess
     import sys
 
-    from ansible_collections.uma.vllm.plugins.module_utils import _readahead
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
     lib = tmp_path / "lib"
     lib.mkdir()
-    for program in _readahead.NODE_FILES:  # what readahead_window installs: _blockdev, _common, _paths
-        shutil.copy(program.__file__, lib / os.path.basename(program.__file__))
+    node_install.install_node_files(node_install.plan_node_files(str(lib)))  # what readahead_window installs
     path, _data = _record(tmp_path, sysfs)
     env = {"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(
-        [sys.executable, "-S", str(lib / "_blockdev.py"), "restore", "--record", path, "--sysfs-root", sysfs.root],
+        [sys.executable, "-S", str(lib / "uma_readahead.py"), "restore", "--record", path, "--sysfs-root", sysfs.root],
         capture_output=True,
         text=True,
         env=env,

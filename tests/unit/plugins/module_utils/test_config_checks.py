@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The checks the three node-side validators share (_config_checks.py)."""
+"""The checks the three node-side validators share (node/base/checks.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as c
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import checks as c
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
 
 
 @pytest.mark.parametrize(

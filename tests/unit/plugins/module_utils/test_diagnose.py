@@ -12,8 +12,8 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose as d
-from ansible_collections.uma.vllm.plugins.module_utils._diagnose_parse import flags_from_args
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import core as d
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose.parse import flags_from_args
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "diagnose")
 GIB = 1024**3

@@ -17,19 +17,17 @@ import os
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import (
-    _diagnose,
-    _diagnose_facts,
-    _diagnose_parse,
-    _diagnose_render,
-    _diagnose_rules,
-    _diagnose_watchdog,
-)
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import core as _diagnose
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import facts as _diagnose_facts
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import parse as _diagnose_parse
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import render as _diagnose_render
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import rules as _diagnose_rules
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import watchdog as _diagnose_watchdog
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
 
-# Every public name _diagnose.py had before the split (taken from the 1,600-line file).
+# Every public name diagnose/core.py had before the split (taken from the 1,600-line file).
 OLD_PUBLIC_NAMES = (
     "CLASSES DEFAULTS DEFAULT_MODE GIB GUARD_MODE MIB RULES TITLES WATCHDOG_ACTIONS WATCHDOG_LISTED"
     " align_samples classify diagnose flags_from_argv fmt_bytes gather_facts launch_epoch line_time"
@@ -40,14 +38,14 @@ OLD_PUBLIC_NAMES = (
 ).split()
 
 FILES = [
-    "plugins/module_utils/_diagnose.py",
-    "plugins/module_utils/_diagnose_parse.py",
-    "plugins/module_utils/_diagnose_watchdog.py",
-    "plugins/module_utils/_diagnose_facts.py",
-    "plugins/module_utils/_diagnose_rules.py",
-    "plugins/module_utils/_diagnose_render.py",
-    "plugins/module_utils/_diagnose_node.py",
-    "plugins/module_utils/_timeline.py",
+    "plugins/module_utils/diagnose/core.py",
+    "plugins/module_utils/diagnose/parse.py",
+    "plugins/module_utils/diagnose/watchdog.py",
+    "plugins/module_utils/diagnose/facts.py",
+    "plugins/module_utils/diagnose/rules.py",
+    "plugins/module_utils/diagnose/render.py",
+    "plugins/module_utils/diagnose/node.py",
+    "plugins/module_utils/diagnose/timeline.py",
     "plugins/modules/oom_diagnose.py",
 ]
 
@@ -92,18 +90,16 @@ def test_files_and_functions_stay_short(path):
 
 
 def test_no_node_program_imports_the_diagnosis():
-    """The diagnosis runs inside the module (AnsiballZ ships it); no role copies it to the nodes."""
-    import yaml
+    """The diagnosis runs inside the module (AnsiballZ ships it); nothing of the node package (what
+    the roles install on the nodes) imports it."""
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
-    shipped = set()
-    for role, var in (("launch_wrapper", "__launch_wrapper_programs"), ("monitoring", "__monitoring_programs")):
-        with open(os.path.join(ROOT, "roles", role, "vars", "main.yml"), encoding="utf-8") as handle:
-            shipped |= set(yaml.safe_load(handle)[var])
-    for name in sorted(shipped):
-        with open(os.path.join(ROOT, "plugins", "module_utils", name), encoding="utf-8") as handle:
+    for mod in node_install.NODE_MODULES:
+        name = mod.__file__
+        with open(name, encoding="utf-8") as handle:
             tree = ast.parse(handle.read())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         # "from ...module_utils import _diagnose" names the module as an imported name
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-        assert not any(m.rpartition(".")[2].startswith(("_diagnose", "_timeline")) for m in imported), name
+        assert not any("diagnose" in m or "timeline" in m for m in imported), name

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import core as _diagnose
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "watchdog")
 

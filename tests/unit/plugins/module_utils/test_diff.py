@@ -1,8 +1,8 @@
-"""The shared before/after tracker (module_utils/_diff.py)."""
+"""The shared before/after tracker (module_utils/plumbing/diff.py)."""
 
 from __future__ import annotations
 
-from ansible_collections.uma.vllm.plugins.module_utils._diff import DifferenceTracker, as_text
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.diff import DifferenceTracker, as_text
 
 
 def test_changed_only_when_an_entry_differs():

@@ -16,9 +16,10 @@ import os
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _engine_facts as ef
-from ansible_collections.uma.vllm.plugins.module_utils import _paths, _vllm_service_state
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.service import engine_facts as ef
+from ansible_collections.uma.vllm.plugins.module_utils.service import state as _vllm_service_state
 
 SHOW = ["/usr/bin/systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "UnitFileState"]
 # systemd 252 (Debian 12, the lab image): uma-vllm@a enabled and running, b installed and

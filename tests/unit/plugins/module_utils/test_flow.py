@@ -1,4 +1,4 @@
-"""plugins/module_utils/_flow.py: the plan -> check/diff -> execute -> result flow, with plain functions."""
+"""plugins/module_utils/plumbing/flow.py: the plan -> check/diff -> execute -> result flow, with plain functions."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._flow import Outcome, Refusal, exit_module, run_flow
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import Outcome, Refusal, exit_module, run_flow
 
 
 class Recorder:

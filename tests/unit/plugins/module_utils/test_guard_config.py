@@ -11,9 +11,12 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose, _guard_config, uma_guard, uma_launch
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._guard_config import GuardConfig, check_on_node
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import core as _diagnose
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import config as _guard_config
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard.config import GuardConfig, check_on_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 from ansible_collections.uma.vllm.plugins.modules import drop_cache_loop
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))

@@ -1,4 +1,4 @@
-"""drop_cache_loop's logic (module_utils/_guard_service.py) without AnsibleModule: plan -> execute -> result.
+"""drop_cache_loop's logic (module_utils/system/guard_service.py) without AnsibleModule: plan -> execute -> result.
 
 The module itself, through run_module, is tested in tests/unit/plugins/modules/test_drop_cache_loop.py;
 the real systemd and the real guard in molecule/guard.
@@ -12,10 +12,11 @@ import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_service as svc
-from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
+from ansible_collections.uma.vllm.plugins.module_utils.system import guard_service as svc
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "modules"))
 # the module tests' node fixture (the node tree and the fake systemd), used by guard() below
@@ -33,7 +34,8 @@ def test_plan_touches_nothing_and_says_what_it_would_do(guard):
     fake, systemd, request, root = guard
     p = svc.plan(request(), systemd)
     assert p.action == "started" and p.changed and not p.active_before
-    assert [f.name for f in p.node_files] == [m.__name__.rpartition(".")[2] + ".py" for m in svc.NODE_PROGRAM]
+    assert [f.name for f in p.node_files] == [name for name, _text in node_install.node_sources()]
+    assert "uma_guard.py" in [f.name for f in p.node_files]
     assert p.diff() == {
         "before": {"active": False, "config": None},
         "after": {"active": True, "config": p.config},
@@ -46,14 +48,21 @@ def test_execute_then_plan_again_is_unchanged(guard):
     p = svc.plan(request(), systemd)
     done = svc.execute(p, systemd)
     assert done["status"]["state"] == "running" and done["pid"] == 4000
-    assert sorted(os.listdir(root / "lib")) == sorted(f.name for f in p.node_files)
+    installed = sorted(
+        os.path.relpath(os.path.join(d, f), str(root / "lib")) for d, _s, fs in os.walk(root / "lib") for f in fs
+    )
+    assert installed == sorted(f.name for f in p.node_files)
     sidecar = json.loads((root / "run" / "guard-g.unit.json").read_text())
     assert sidecar["fingerprint"] == p.fingerprint and sidecar["config"] == p.config
     again = svc.plan(request(), systemd)
     assert again.action == "unchanged" and not again.changed
     assert again.diff()["before"] == again.diff()["after"]
     result = svc.result(again, svc.read_status(again.status_file), 4000)
-    assert result["changed"] is False and result["active"] and len(result["node_files"]) == len(svc.NODE_PROGRAM)
+    assert (
+        result["changed"] is False
+        and result["active"]
+        and len(result["node_files"]) == len(node_install.node_sources())
+    )
 
 
 def test_a_new_configuration_restarts_and_the_diff_names_it(guard):

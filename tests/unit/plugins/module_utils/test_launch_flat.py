@@ -1,11 +1,11 @@
-"""The launcher runs from the flat directory the launch_wrapper role installs, as on a node.
+"""The launcher runs from the lib directory the launch_wrapper role installs, as on a node.
 
-uma.vllm.node_files (``programs: true``, the role's install task) copies
-``_node_programs.NODE_PROGRAMS`` into one directory and systemd runs
-``python3 uma_launch.py`` there, without Ansible: every import takes its plain-sibling
-fallback. test_node_programs checks the list against the imports statically; this runs
-the copied set with ``python3 -S`` (no site-packages, so no ``ansible_collections``) and a
-bad configuration, which must be refused with exit 78 and the option named, not a traceback.
+uma.vllm.node_files (``programs: true``, the role's install task) installs the node package
+(``plumbing/node_install.py`` NODE_MODULES) as ``lib/uma_vllm_node/`` with its entry scripts, and
+systemd runs ``python3 lib/uma_launch.py`` there, without Ansible. test_node_programs checks the
+package's imports statically; this runs the installed set with ``python3 -S`` (no site-packages,
+so no ``ansible_collections``) and a bad configuration, which must be refused with exit 78 and the
+option named, not a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import node_helpers
 
-from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 
 def run_flat(lib, *args):
@@ -45,9 +45,9 @@ def test_the_installed_set_prints_its_help(tmp_path):
 
 
 def test_a_missing_part_fails_on_the_node(tmp_path):
-    """The check can fail: without _launch_node.py the launcher cannot start."""
+    """The check can fail: without launch/node.py the launcher cannot start."""
     lib = node_helpers.flat_copy(tmp_path)
-    os.unlink(str(lib / "_launch_node.py"))
+    os.unlink(str(lib / "uma_vllm_node" / "launch" / "node.py"))
     proc = run_flat(lib, "--help")
     assert proc.returncode != 0
-    assert "_launch_node" in proc.stderr
+    assert "cannot import name 'node' from 'uma_vllm_node.launch'" in proc.stderr

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from ansible_collections.uma.vllm.plugins.filter import launch_wrapper as lw
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_config
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[4]
 

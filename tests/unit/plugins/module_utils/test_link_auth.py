@@ -1,5 +1,5 @@
 """The cluster link closed to strangers (issue 19 item 7): the launchers' rank link and the
-watchdogs' status signed with the engine's key (_link_auth.py), over real loopback sockets.
+watchdogs' status signed with the engine's key (node/cluster/link_auth.py), over real loopback sockets.
 
 A stranger here is a plain socket client in the test process that speaks the link's JSON
 lines (or HTTP) without the engine's key: what a host on the same switch could send."""
@@ -16,11 +16,11 @@ import urllib.request
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _config_checks as checks
-from ansible_collections.uma.vllm.plugins.module_utils import _link_auth as auth
-from ansible_collections.uma.vllm.plugins.module_utils import _ranks
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import checks
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import link_auth as auth
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import probes
 
 KEY = "3f9a" * 16
 OTHER_KEY = "c0de" * 16
@@ -378,7 +378,7 @@ def test_an_unsigned_status_answer_is_not_believed(status_server):
 
 
 def test_the_launcher_exits_78_on_an_unsafe_key_file_before_anything_starts(tmp_path, capsys):
-    from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
     marker = tmp_path / "started"
     engine = {
@@ -395,7 +395,7 @@ def test_the_launcher_exits_78_on_an_unsafe_key_file_before_anything_starts(tmp_
 
 
 def test_the_watchdog_exits_78_on_an_unsafe_key_file(tmp_path, capsys):
-    from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog
+    from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as uma_watchdog
 
     cfg = {"engine": "tp2", "rank": 0, "state_dir": str(tmp_path / "state"), "status_bind": "127.0.0.1",
            "status_port": free_port(), "peers": [{"name": "ai2", "url": "http://127.0.0.1:1/status"}],

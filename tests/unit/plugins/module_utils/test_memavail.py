@@ -11,11 +11,11 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _memavail as ma
-from ansible_collections.uma.vllm.plugins.module_utils import _sysctl
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget as budget_mod
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import memavail as ma
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan import budget as budget_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.system import sysctl as _sysctl
 
 FIX = pathlib.Path(__file__).resolve().parents[2] / "fixtures"
 GIB = 1 << 30

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common
-from ansible_collections.uma.vllm.plugins.module_utils import _metrics as m
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import metrics as m
 
 MIB = 1 << 20
 

@@ -15,10 +15,10 @@ import threading
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _link_auth
-from ansible_collections.uma.vllm.plugins.module_utils import _model_copy as mc
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, atomic_write_json
+from ansible_collections.uma.vllm.plugins.module_utils.models import copy as mc
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, atomic_write_json
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import link_auth as _link_auth
 
 KEY = "ab" * 32
 COMMIT = "c0ffee" * 6 + "abcd"

@@ -18,8 +18,8 @@ from typing import Dict, Tuple
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
 
 
 class RevisionNotFoundError(Exception):

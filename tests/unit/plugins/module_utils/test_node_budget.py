@@ -8,8 +8,8 @@ import json
 import pathlib
 
 from ansible_collections.uma.vllm.plugins.filter.node_budget import node_budget
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils._node_budget import engine_row, plan_node
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget import engine_row, plan_node
 
 GIB = 1 << 30
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "models"

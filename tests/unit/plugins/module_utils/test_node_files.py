@@ -1,4 +1,4 @@
-"""plugins/module_utils/_node_files.py: plan -> diff -> execute -> result on temporary directories.
+"""plugins/module_utils/plumbing/node_files.py: plan -> diff -> execute -> result on temporary directories.
 
 The owner and group of every entry are the user running the tests (root in CI, anyone else
 on a laptop), so the tests act on real files without privileges; a chown to another user is
@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _node_files as nf
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS, program_names
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_files as nf
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.node_install import package_dirs, program_names
 
 USER = pwd.getpwuid(os.getuid()).pw_name
 GROUP = grp.getgrgid(os.getgid()).gr_name
@@ -323,27 +323,36 @@ def test_a_parent_in_directories_is_fine_in_check_mode(tmp_path):
 def test_programs_install_from_the_modules_own_source_with_a_stable_fingerprint(tmp_path):
     lib = tmp_path / "lib"
     req = {"programs": True, "lib_dir": str(lib)}
-    first, diff = run(req, modules=NODE_PROGRAMS, program_owner=ME)
+    first, diff = run(req, program_owner=ME)
     expected = [str(lib / name) for name in program_names()]
-    assert first["programs"]["changed_paths"] == sorted([str(lib), *expected])
+    dirs = package_dirs(str(lib))
+    assert first["programs"]["changed_paths"] == sorted([str(lib), *dirs, *expected])
     assert first["changed_paths"] == first["programs"]["changed_paths"]
-    assert sorted(os.listdir(lib)) == sorted(program_names())
-    assert stat.S_IMODE(os.stat(lib).st_mode) == 0o755
-    source = os.path.join(os.path.dirname(nf.__file__), "uma_guard.py")
-    assert (lib / "uma_guard.py").read_bytes() == open(source, "rb").read()
+    found = sorted(os.path.relpath(os.path.join(d, f), str(lib)) for d, _s, fs in os.walk(lib) for f in fs)
+    assert found == sorted(program_names())
+    assert all(stat.S_IMODE(os.stat(path).st_mode) == 0o755 for path in [str(lib), *dirs])
+    source = os.path.join(os.path.dirname(os.path.dirname(nf.__file__)), "node", "guard", "program.py")
+    assert (lib / "uma_vllm_node" / "guard" / "program.py").read_bytes() == open(source, "rb").read()
     assert all(stat.S_IMODE(os.stat(path).st_mode) == 0o644 for path in expected)
-    assert all("(program " in d["after"] for d in diff if d["before_header"] != str(lib))
-    again, diff = run(req, modules=NODE_PROGRAMS, program_owner=ME)
+    assert all("(program " in d["after"] for d in diff if d["before_header"] not in [str(lib), *dirs])
+    again, diff = run(req, program_owner=ME)
     assert again["changed"] is False and diff == [] and again["programs"]["changed_paths"] == []
     assert again["programs"]["fingerprint"] == first["programs"]["fingerprint"]
     # a local edit and a wrong mode are both put back
-    (lib / "_common.py").write_text("# edited\n")
+    (lib / "uma_vllm_node" / "base" / "common.py").write_text("# edited\n")
     os.chmod(lib / "uma_launch.py", 0o600)
-    fixed = run(req, modules=NODE_PROGRAMS, program_owner=ME)[0]
-    assert fixed["programs"]["changed_paths"] == [str(lib / "_common.py"), str(lib / "uma_launch.py")]
+    os.chmod(lib / "uma_vllm_node" / "guard", 0o700)
+    fixed = run(req, program_owner=ME)[0]
+    assert fixed["programs"]["changed_paths"] == sorted(
+        [
+            str(lib / "uma_vllm_node" / "base" / "common.py"),
+            str(lib / "uma_launch.py"),
+            str(lib / "uma_vllm_node" / "guard"),
+        ]
+    )
     assert fixed["programs"]["fingerprint"] == first["programs"]["fingerprint"]
     # the installed set runs on its own: no Ansible, nothing else on the path
-    for program in ("uma_launch.py", "uma_guard.py", "uma_watchdog.py"):
+    for program in ("uma_launch.py", "uma_guard.py", "uma_watchdog.py", "uma_readahead.py", "uma_metrics.py"):
         ran = subprocess.run([sys.executable, "-S", str(lib / program), "--help"], capture_output=True, text=True,
                              cwd=tmp_path, env={"PATH": "/usr/bin:/bin"}, timeout=60, check=False)  # fmt: skip
         assert ran.returncode == 0, (program, ran.stderr[-2000:])
@@ -352,6 +361,6 @@ def test_programs_install_from_the_modules_own_source_with_a_stable_fingerprint(
 def test_a_program_path_listed_as_a_file_is_a_duplicate(tmp_path):
     lib = tmp_path / "lib"
     req = {"programs": True, "lib_dir": str(lib), "directories": [entry(lib)],
-           "files": [entry(lib / "_common.py", content="x")]}  # fmt: skip
-    err = refusal(req, modules=NODE_PROGRAMS, program_owner=ME)
-    assert err.option == "programs[_common.py].path" and "also given by files[0]" in err.message
+           "files": [entry(lib / "uma_launch.py", content="x")]}  # fmt: skip
+    err = refusal(req, program_owner=ME)
+    assert err.option == "programs[uma_launch.py].path" and "also given by files[0]" in err.message

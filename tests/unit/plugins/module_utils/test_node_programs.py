@@ -1,138 +1,158 @@
-"""The node-side programs ship with every file they import.
+"""The node package ships whole, by one list, and stays a package of its own.
 
-On the node the programs run from one directory with the node's python3 and no Ansible, so
-each import falls back to a plain sibling module (``from _common import ...``). A sibling
-missing from the list a role copies, or from the modules a module installs through
-_nodefiles, is an ImportError on the node that no controller-side test would see.
+On the node the programs run with the node's python3 and no Ansible, from
+``<lib_dir>/uma_vllm_node/`` and one entry script per program (``plumbing/node_install.py``).
+A module missing from ``NODE_MODULES`` is an ImportError on the node that no controller-side
+test would see; an absolute import (``ansible_collections...``) or a relative one that leaves
+the package works here and fails there. These tests read the package's files as text (ast),
+so they see what the node will see.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 
+import node_helpers
+import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _guard_service, _node_programs
+from ansible_collections.uma.vllm.plugins.module_utils import node as node_package
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
-MODULE_UTILS = os.path.join(ROOT, "plugins", "module_utils")
+NODE_DIR = os.path.join(ROOT, "plugins", "module_utils", "node")
 
 
-def sibling_imports(name: str) -> set:
-    """Module names (files in module_utils) that ``name`` imports in its node-side fallback."""
-    with open(os.path.join(MODULE_UTILS, name), encoding="utf-8") as handle:
+def package_files() -> list:
+    """Every .py file of the node package, as paths relative to it (``guard/program.py``)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(NODE_DIR):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        found.extend(os.path.relpath(os.path.join(dirpath, f), NODE_DIR) for f in filenames if f.endswith(".py"))
+    return sorted(found)
+
+
+def module_of(rel: str) -> list:
+    """``guard/program.py`` -> ['guard', 'program']; ``guard/__init__.py`` -> ['guard']."""
+    parts = rel[: -len(".py")].split(os.sep)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imports_of(rel: str):
+    """(level, absolute name inside the package or None, the ast node) of every import in ``rel``."""
+    with open(os.path.join(NODE_DIR, rel), encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
-    found = set()
+    package = module_of(rel) if rel.endswith("__init__.py") else module_of(rel)[:-1]
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            if node.level - 1 > len(package):
+                yield node.level, None, node
+                continue
+            base = package[: len(package) - (node.level - 1)]
+            target = [*base, *(node.module.split(".") if node.module else [])]
+            yield node.level, target, node
+        elif isinstance(node, ast.ImportFrom):
+            yield 0, node.module, node
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield 0, alias.name, node
+
+
+def test_node_modules_is_every_file_of_the_package_once():
+    listed = [node_install.relative_path(mod)[len(node_install.PACKAGE_DIR) + 1 :] for mod in node_install.NODE_MODULES]
+    assert len(listed) == len(set(listed))
+    on_disk = [path.replace(os.sep, "/") for path in package_files()]
+    assert sorted(listed) == on_disk, "plugins/module_utils/plumbing/node_install.py NODE_MODULES: %s" % sorted(
+        set(listed) ^ set(on_disk)
+    )
+
+
+@pytest.mark.parametrize("rel", package_files())
+def test_the_package_imports_only_itself_and_the_stdlib(rel):
+    """Relative imports that stay inside the package, or the standard library: never Ansible or the controller."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for level, target, node in imports_of(rel):
+        where = "%s line %d" % (rel, node.lineno)
+        if level:
+            assert target is not None, "%s: a relative import that leaves the node package" % where
+            path = os.path.join(NODE_DIR, *target)
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
+            found = os.path.isdir(path) or os.path.isfile(path + ".py")
+            assert found, "%s: %s is not in the node package" % (where, ".".join(target))
+            if os.path.isdir(path) and not node.module:
+                for name in names:  # from . import x: x is a module of the package
+                    assert os.path.isfile(os.path.join(path, name + ".py")), "%s: %s" % (where, name)
         else:
+            top = target.split(".")[0]
+            optional = top == "psutil"  # optional on a node (the guard's watcher falls back)
+            assert top in stdlib or optional, "%s imports %s: the node has only the standard library" % (where, target)
+
+
+@pytest.mark.parametrize("rel", package_files())
+def test_no_program_imports_another_program(rel):
+    """A program (``<part>/program.py``) is imported by its entry script alone; shared pieces live in base."""
+    for level, target, node in imports_of(rel):
+        if not level or target is None:
             continue
-        for module in names:
-            if os.path.exists(os.path.join(MODULE_UTILS, module + ".py")):
-                found.add(module + ".py")
-    return found
+        names = [alias.name for alias in node.names] if not node.module else []
+        assert target[-1:] != ["program"] and "program" not in names, "%s line %d imports a program" % (
+            rel,
+            node.lineno,
+        )
 
 
-def closure(start: str) -> set:
-    seen, todo = set(), [start]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo.extend(sibling_imports(name) - seen)
-    return seen
-
-
-def role_programs(role: str, var: str) -> set:
-    with open(os.path.join(ROOT, "roles", role, "vars", "main.yml"), encoding="utf-8") as handle:
-        return set(yaml.safe_load(handle)[var])
+def test_entry_scripts_call_main_of_a_listed_module():
+    listed = {node_install.relative_name(mod): mod for mod in node_install.NODE_MODULES}
+    for name, module, _what in node_package.ENTRY_SCRIPTS:
+        assert module in listed and callable(listed[module].main), name
+    names = [name for name, _module, _what in node_package.ENTRY_SCRIPTS]
+    assert len(names) == len(set(names)) and all(n.startswith("uma_") and n.endswith(".py") for n in names)
 
 
 def role_program_list(role: str, var: str):
-    """The role's list as written (None where the role has none)."""
     with open(os.path.join(ROOT, "roles", role, "vars", "main.yml"), encoding="utf-8") as handle:
         return yaml.safe_load(handle).get(var)
 
 
-def test_the_closure_finds_the_guards_parts():
-    assert {"uma_guard.py", "_common.py", "_guard_config.py", "_guard_sweeper.py", "_guard_residency.py"} <= closure(
-        "uma_guard.py"
-    )
-
-
-NODE_PROGRAM_CLOSURE = closure("uma_launch.py") | closure("uma_guard.py") | closure("uma_watchdog.py")
-
-
-def test_node_programs_is_the_import_closure_of_the_three_programs():
-    """uma.vllm.node_files (programs: true) installs exactly this set: nothing missing, nothing extra."""
-    names = _node_programs.program_names()
-    assert len(names) == len(set(names))
-    assert set(names) == NODE_PROGRAM_CLOSURE, "plugins/module_utils/_node_programs.py NODE_PROGRAMS: %s" % sorted(
-        set(names) ^ NODE_PROGRAM_CLOSURE
-    )
-
-
-def differ(written, where):
-    """Why a hand-written program list is not NODE_PROGRAMS (in its order), or '' when it is."""
-    names = _node_programs.program_names()
-    if written == names:
-        return ""
-    return "%s is not NODE_PROGRAMS (plugins/module_utils/_node_programs.py): missing %s, extra %s%s" % (
-        where,
-        sorted(set(names) - set(written)),
-        sorted(set(written) - set(names)),
-        ", or in another order: write it as %s" % names if set(written) == set(names) else "",
-    )
-
-
-def test_differ_names_what_is_missing_extra_or_out_of_order():
-    names = _node_programs.program_names()
-    assert differ(list(names), "x") == ""
-    assert "missing ['uma_watchdog.py'], extra []" in differ([n for n in names if n != "uma_watchdog.py"], "x")
-    assert "extra ['_readahead.py']" in differ([*names, "_readahead.py"], "x")
-    assert "in another order" in differ(list(reversed(names)), "x")
-
-
-def test_the_launch_wrapper_roles_list_is_node_programs():
-    """node_files installs NODE_PROGRAMS; state=absent removes __launch_wrapper_programs: the same, in order."""
+def test_the_launch_wrapper_roles_list_is_what_node_files_installs():
+    """node_files installs the package and the entry scripts; state=absent removes __launch_wrapper_programs."""
     programs = role_program_list("launch_wrapper", "__launch_wrapper_programs")
-    assert programs is not None, "roles/launch_wrapper/vars/main.yml has no __launch_wrapper_programs"
-    assert not differ(programs, "roles/launch_wrapper/vars/main.yml __launch_wrapper_programs")
+    shipped = [node_install.PACKAGE_DIR] + [name for name, _module, _what in node_package.ENTRY_SCRIPTS]
+    assert programs == shipped, "roles/launch_wrapper/vars/main.yml __launch_wrapper_programs: write it as %s" % shipped
 
 
-def test_drop_cache_loop_installs_everything_the_guard_imports():
-    installed = {module.__name__.rpartition(".")[2] + ".py" for module in _guard_service.NODE_PROGRAM}
-    assert closure("uma_guard.py") == installed
+def test_launch_wrapper_keeps_the_readahead_restorer_and_its_package():
+    kept = role_program_list("launch_wrapper", "__launch_wrapper_readahead_programs")
+    assert kept == [node_install.PACKAGE_DIR, "uma_readahead.py"]
+    assert ("uma_readahead.py", "base.blockdev") in [(n, m) for n, m, _w in node_package.ENTRY_SCRIPTS]
 
 
-def test_monitoring_ships_everything_its_collector_imports():
-    programs = role_programs("monitoring", "__monitoring_programs")
-    for program in programs:
-        missing = closure(program) - programs
-        assert not missing, "roles/monitoring/vars/main.yml __monitoring_programs lacks %s" % sorted(missing)
+def test_the_fingerprint_is_over_everything_that_ships():
+    files = node_install.plan_node_files("/nonexistent/lib")
+    assert [f.name for f in files] == [name for name, _text in node_install.node_sources()]
+    assert node_install.programs_fingerprint() == node_install.files_fingerprint(files)
 
 
-def test_the_alerts_scenario_installs_node_programs():
-    """molecule/monitoring_alerts copies the programs by hand (not through the role): NODE_PROGRAMS, in order."""
-    with open(os.path.join(ROOT, "molecule", "monitoring_alerts", "prepare.yml"), encoding="utf-8") as handle:
-        plays = yaml.safe_load(handle)
-    lists = [
-        task["loop"]
-        for play in plays
-        for task in play.get("tasks", [])
-        if "uma_watchdog.py" in (task.get("loop") or [])
-    ]
-    assert len(lists) == 1, "the task that installs uma_watchdog.py was not found"
-    assert not differ(lists[0], "molecule/monitoring_alerts/prepare.yml's install loop")
+@pytest.mark.parametrize("name", [name for name, _module, _what in node_package.ENTRY_SCRIPTS])
+def test_every_entry_script_runs_from_an_installed_lib_on_a_bare_python(name):
+    """The real installer's output, run as a unit runs it: ``python3 -S -E lib/uma_X.py --help``."""
+    proc = subprocess.run(
+        [node_helpers.NODE_PYTHON, "-S", "-E", os.path.join(node_helpers.NODE_LIB, name), "--help"],
+        capture_output=True, text=True, timeout=60, cwd="/", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
 
 
-def test_readahead_window_installs_everything_its_restorer_imports():
-    from ansible_collections.uma.vllm.plugins.module_utils import _readahead
-
-    installed = {module.__name__.rpartition(".")[2] + ".py" for module in _readahead.NODE_FILES}
-    assert closure("_blockdev.py") == installed
+def test_a_module_left_out_of_the_list_fails_on_the_node(tmp_path):
+    """Why the list matters: the installed package without one module is an ImportError there."""
+    lib = node_helpers.flat_copy(tmp_path)
+    os.remove(os.path.join(str(lib), node_install.PACKAGE_DIR, "guard", "residency.py"))
+    proc = subprocess.run(
+        [node_helpers.NODE_PYTHON, "-S", str(lib / "uma_launch.py"), "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "residency" in proc.stderr

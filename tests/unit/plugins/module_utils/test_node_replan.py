@@ -26,9 +26,9 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._node_budget import plan_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget import plan_node
 
 GIB = float(1 << 30)
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "models"

@@ -33,8 +33,11 @@ import types
 import node_helpers
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, _launch_node, _metrics, uma_launch
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import metrics as _metrics
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
 NODE_PYTHON = node_helpers.NODE_PYTHON
 GOOD = {dict: {"engine": "victim", "pid": 1, "epoch": 9}, list: [{"action": "victim"}]}
@@ -228,7 +231,10 @@ DRIVER = r"""
 import json, os, sys, types
 lib, root = sys.argv[1], sys.argv[2]
 sys.path.insert(0, lib)
-import _blockdev, _guard_status, _launch_node, _metrics, uma_launch, uma_watchdog
+from uma_vllm_node.base import blockdev as _blockdev, metrics as _metrics
+from uma_vllm_node.guard import status as _guard_status
+from uma_vllm_node.launch import node as _launch_node, program as uma_launch
+from uma_vllm_node.watchdog import program as uma_watchdog
 
 dog = uma_watchdog.Watchdog(uma_watchdog.load_config(os.path.join(root, "watchdog.json")))
 lock = _launch_node.LaunchLock(os.path.join(root, "run", "launch.lock"), "e1")

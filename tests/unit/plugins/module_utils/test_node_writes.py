@@ -24,15 +24,13 @@ import types
 import node_helpers
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import (
-    _blockdev,
-    _common,
-    _guard_status,
-    _metrics,
-    _readahead,
-    uma_launch,
-)
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import metrics as _metrics
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import status as _guard_status
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
+from ansible_collections.uma.vllm.plugins.module_utils.system import readahead as _readahead
 
 VICTIM_TEXT = "precious: root must never write here\n"
 VICTIM_MODE = 0o600
@@ -291,26 +289,26 @@ def test_every_other_write_of_the_node_programs_is_known():
     rename there), the samples stream (opened O_NOFOLLOW in a checked directory) and the
     ``latest`` symlink (a random temp name in a checked directory).
     """
-    from ansible_collections.uma.vllm.plugins.module_utils._node_programs import NODE_PROGRAMS
+    from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
     pattern = re.compile(r'"(w|wb|a|ab|r\+)"|os\.replace\(|write_(text|bytes)\(|atomic_write(_json)?\(')
     found = set()
-    for module in NODE_PROGRAMS:
-        name = module.__name__.rpartition(".")[2] + ".py"
-        if name in ("_common.py", "_sysctl.py", "_sysctl_files.py"):
-            continue  # the helpers themselves; the sysctl module's code (node programs import a size rule only)
+    for module in node_install.NODE_MODULES:
+        name = node_install.relative_path(module)[len(node_install.PACKAGE_DIR) + 1 :]
+        if name == "base/common.py":
+            continue  # the helpers themselves
         with open(module.__file__, encoding="utf-8") as handle:
             for line in handle:
                 if pattern.search(line):
                     found.add((name, line.strip()[:60]))
     assert found == {
-        ("_launch_node.py", "os.replace(tmp, latest)"),
-        ("uma_guard.py", 'with open(self.drop_path, "w", encoding="ascii") as handle:'),
-        ("uma_watchdog.py", 'os.path.join(self.cfg["meminfo_root"], "sys", "vm", "drop_ca'),
-        ("_blockdev.py", 'with open(path, "w", encoding="ascii") as handle:'),
-        ("_guard_status.py", 'return os.fdopen(fd, "w", encoding="ascii")'),
-        ("_launch_node.py", 'with open(path, "w", encoding="ascii") as handle:'),
-        ("_launch_node.py", 'with open(os.path.join(proc_root, "sys", "vm", "drop_caches"'),
+        ("launch/node.py", "os.replace(tmp, latest)"),
+        ("guard/program.py", 'with open(self.drop_path, "w", encoding="ascii") as handle:'),
+        ("watchdog/program.py", 'os.path.join(self.cfg["meminfo_root"], "sys", "vm", "drop_ca'),
+        ("base/blockdev.py", 'with open(path, "w", encoding="ascii") as handle:'),
+        ("guard/status.py", 'return os.fdopen(fd, "w", encoding="ascii")'),
+        ("launch/node.py", 'with open(path, "w", encoding="ascii") as handle:'),
+        ("launch/node.py", 'with open(os.path.join(proc_root, "sys", "vm", "drop_caches"'),
     }
 
 

@@ -1,4 +1,4 @@
-"""The collection's paths and names agree everywhere with plugins/module_utils/_paths.py (issue 13).
+"""The collection's paths and names agree everywhere with plugins/module_utils/node/base/paths.py (issue 13).
 
 Python imports the constants; role YAML cannot, so this test reads the roles' defaults,
 argument_specs, vars, tasks and templates and names the file and the value that disagree.
@@ -14,7 +14,10 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _paths, _readahead, _systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import systemd as _systemd
+from ansible_collections.uma.vllm.plugins.module_utils.system import readahead as _readahead
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", "..", "..", ".."))
@@ -43,7 +46,7 @@ DIR_RE = re.compile(r"/(?:var/lib|usr/local/lib|etc|run)/uma[-_]?vllm\b")
 DIR_CONSTANTS = (_paths.STATE_DIR, _paths.LIB_DIR, _paths.CONFIG_DIR, _paths.RUN_DIR)
 # An engine-name check in a role: '^[A-Za-z0-9][...]{0,N}$'
 NAME_PATTERN_RE = re.compile(r"\^\[A-Za-z0-9\]\[[^\]]*\]\{0,\d+\}\$")
-# Node programs allowed to spell a path (none: every node program ships with _paths.py).
+# Node programs allowed to spell a path (none: every node program ships with node/base/paths.py).
 PYTHON_LITERAL_ALLOWED: set = set()
 
 
@@ -154,12 +157,12 @@ def test_python_code_imports_the_paths_instead_of_spelling_them():
     wrong = []
     for path in sorted(glob.glob(os.path.join(ROOT, "plugins", "**", "*.py"), recursive=True)):
         name = os.path.basename(path)
-        if name == "_paths.py" or name in PYTHON_LITERAL_ALLOWED:
+        if path.endswith(os.path.join("node", "base", "paths.py")) or name in PYTHON_LITERAL_ALLOWED:
             continue
         for line, value in _literals(path):
             if value in values:
                 wrong.append("%s:%d: %r" % (os.path.relpath(path, ROOT), line, value))
-    assert not wrong, "use plugins/module_utils/_paths.py:\n" + "\n".join(wrong)
+    assert not wrong, "use plugins/module_utils/node/base/paths.py:\n" + "\n".join(wrong)
 
 
 def test_module_defaults_are_the_constants():
@@ -173,14 +176,14 @@ def test_launch_wrapper_keeps_what_the_readahead_boot_unit_runs():
     """state=absent keeps readahead_window's restorer: the same files, the same unit path."""
     variables = load(os.path.join(ROOT, "roles", "launch_wrapper", "vars", "main.yml"))
     kept = variables["__launch_wrapper_readahead_programs"]
-    assert sorted(kept) == sorted(m.__name__.rpartition(".")[2] + ".py" for m in _readahead.NODE_FILES)
+    assert kept == ["uma_vllm_node", "uma_readahead.py"]  # the package and the restorer's entry script
     assert set(kept) <= set(variables["__launch_wrapper_programs"])
     assert variables["__launch_wrapper_readahead_boot_unit"] == os.path.join(
         _readahead.WindowRequest().systemd_dir, _blockdev.BOOT_UNIT
     )
     unit = _blockdev.render_boot_unit(_paths.PYTHON, _paths.LIB_DIR, _paths.STATE_DIR)
     # the role looks for this string in the unit to know the unit needs its lib dir
-    assert _paths.LIB_DIR + "/_blockdev.py" in unit
+    assert _paths.LIB_DIR + "/uma_readahead.py" in unit
 
 
 def test_launch_wrapper_absent_removes_files_not_the_shared_directory():

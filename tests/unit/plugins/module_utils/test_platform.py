@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _platform as p
+from ansible_collections.uma.vllm.plugins.module_utils.system import platform as p
 
 CASES = [
     # id, nvidia-smi csv, lscpu model, files, expected (unified, platform)

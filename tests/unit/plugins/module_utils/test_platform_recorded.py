@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _diagnose_parse as dp
-from ansible_collections.uma.vllm.plugins.module_utils import _platform as p
-from ansible_collections.uma.vllm.plugins.module_utils._common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import parse as dp
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.system import platform as p
 
 H200 = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "platform" / "nvidia-h200-driver-580.159.04"
 GIB = 1 << 30

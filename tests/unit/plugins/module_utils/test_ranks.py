@@ -1,4 +1,4 @@
-"""The pure parts of the launchers' rank link (_ranks.py): what the ranks compare, the
+"""The pure parts of the launchers' rank link (node/cluster/ranks.py): what the ranks compare, the
 cluster config's checks, the rank-process scan over a proc tree; and the link itself over
 real loopback sockets."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _ranks
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
 
 RANK0 = [
     "/opt/vllm/bin/python", "/opt/vllm/bin/vllm-serve-lab", "/models/tiny-1g", "--host", "0.0.0.0",

@@ -1,4 +1,4 @@
-"""plugins/module_utils/_readahead.py without AnsibleModule: plan -> execute -> result over a fake
+"""plugins/module_utils/system/readahead.py without AnsibleModule: plan -> execute -> result over a fake
 sysfs (the node fixture of test_readahead_window.py) and a fake systemd (issue 13 item 2)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _readahead as ra
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._flow import run_flow
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_flow
+from ansible_collections.uma.vllm.plugins.module_utils.system import readahead as ra
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "modules"))
 from test_readahead_window import FakeSystemd, node  # noqa: F401 # pylint: disable=unused-import
@@ -37,7 +37,8 @@ def test_throttle_then_restore_without_ansible(node):  # noqa: F811
     p = ra.plan(req, systemd, now=100, page=4)
     assert p.changed and p.live_before == {"sda": 4096} and p.live_after == {"sda": 16}
     assert p.arm_timer and p.record_after["ends_at"] == 160
-    assert [os.path.basename(f.path) for f in p.node_files] == ["_blockdev.py", "_common.py", "_paths.py"]
+    names = [f.name for f in p.node_files]  # the node package and its entry scripts
+    assert "uma_readahead.py" in names and "uma_vllm_node/base/blockdev.py" in names
     ra.execute(p, systemd)
     assert node.ra("sda") == 16
     assert json.loads(node.record.read_text())["devices"][0]["original_kb"] == 4096
@@ -63,14 +64,14 @@ def test_the_flow_refuses_a_bad_option_naming_it(node):  # noqa: F811
 
 
 def test_the_installed_restorer_runs_on_a_bare_python(node):  # noqa: F811
-    """The node files (with _paths.py) are enough for the boot unit's command without Ansible."""
+    """The installed node package is enough for the boot unit's command without Ansible."""
     systemd = Systemd(node.systemd)
     req = ra.WindowRequest(**node.args(device="sda", read_ahead_kb=16))
     ra.execute(ra.plan(req, systemd, now=100, page=4), systemd)
     lib = node.root / "lib"
     ran = subprocess.run(
-        [sys.executable, "-S", str(lib / "_blockdev.py"), "restore", "--all", "--state-dir", str(node.root / "state"),
-         "--sysfs-root", req.sysfs_root],
+        [sys.executable, "-S", str(lib / "uma_readahead.py"), "restore", "--all",
+         "--state-dir", str(node.root / "state"), "--sysfs-root", req.sysfs_root],
         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"},
         timeout=60, check=False,
     )  # fmt: skip

@@ -7,8 +7,9 @@ import os
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _sysctl as s
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, parse_fingerprint
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import memavail
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, parse_fingerprint
+from ansible_collections.uma.vllm.plugins.module_utils.system import sysctl as s
 
 GIB = 1024**3
 
@@ -46,7 +47,7 @@ def test_sizing_matches_the_published_range(ram_gib):
     [(1, 4096), (16, 16384), (121, 45056), (4096, 262144), (0.0001, 128)],
 )
 def test_kernel_default(ram_gib, expected):
-    assert s.kernel_default_min_free_kbytes(int(ram_gib * GIB)) == pytest.approx(expected, rel=0.001)
+    assert memavail.kernel_default_min_free_kbytes(int(ram_gib * GIB)) == pytest.approx(expected, rel=0.001)
 
 
 def test_parse_sysctl_text_later_lines_win_and_syntax_variants():

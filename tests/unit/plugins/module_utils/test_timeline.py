@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _timeline as tl
+from ansible_collections.uma.vllm.plugins.module_utils.diagnose import timeline as tl
 
 NS = {"s": "http://www.w3.org/2000/svg"}
 GIB = 1024**3

@@ -9,14 +9,12 @@ import threading
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import (
-    _guard_config,
-    _guard_memory,
-    _guard_residency,
-    _guard_sweeper,
-    _guard_watch,
-)
-from ansible_collections.uma.vllm.plugins.module_utils import uma_guard as g
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import config as _guard_config
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import memory as _guard_memory
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as g
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import residency as _guard_residency
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import sweeper as _guard_sweeper
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import watch as _guard_watch
 
 MIB = 1 << 20
 KEYS = (

@@ -9,8 +9,9 @@ import io
 import node_helpers
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _launch_node, uma_launch
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 NOBODY = pwd.getpwnam("nobody")
 VIDEO = grp.getgrnam("video").gr_gid if "video" in [g.gr_name for g in grp.getgrall()] else None
@@ -172,7 +172,7 @@ def test_a_command_the_engine_user_may_not_run_is_a_clear_config_failure(open_di
 
 CHILD = r"""
 import io, json, sys, time
-from ansible_collections.uma.vllm.plugins.module_utils import uma_launch
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 base, home = sys.argv[1], sys.argv[2]
 cfg = uma_launch.validate(uma_launch.merge_config({
     "engine": "u2", "health_url": "http://127.0.0.1:1/health",

@@ -33,13 +33,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import node_helpers
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-from ansible_collections.uma.vllm.plugins.module_utils import uma_guard
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic, probes
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
-MODULE_UTILS = os.path.dirname(os.path.abspath(wd.__file__))
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
 KIB = 1024
 GIB = 1 << 30
 SECRET = "sk-test-do-not-log-4711"
@@ -814,9 +813,7 @@ def render_watchdog_unit(runtime="native", container_engine="docker", evict_scop
     """roles/vllm_service/templates/uma-vllm-watchdog@.service.j2 as Ansible renders it (trim_blocks)."""
     import jinja2
 
-    template = os.path.join(
-        MODULE_UTILS, "..", "..", "roles", "vllm_service", "templates", "uma-vllm-watchdog@.service.j2"
-    )
+    template = os.path.join(ROOT, "roles", "vllm_service", "templates", "uma-vllm-watchdog@.service.j2")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True)
     env.filters["comment"] = lambda text: "# " + text
     env.filters["bool"] = lambda value: value if isinstance(value, bool) else str(value).lower() in ("true", "yes", "1")

@@ -11,7 +11,7 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 FIXTURES = pathlib.Path(__file__).parents[3] / "unit" / "fixtures" / "models"
 GIB = 1 << 30

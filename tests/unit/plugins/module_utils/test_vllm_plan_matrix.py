@@ -16,8 +16,8 @@ import pathlib
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_versions as versions
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import versions
 
 FIXTURES = pathlib.Path(__file__).parents[3] / "unit" / "fixtures" / "models"
 MATRIX = yaml.safe_load((FIXTURES / "plan_matrix.yaml").read_text())

@@ -18,7 +18,7 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 ROOT = pathlib.Path(__file__).parents[4]
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "models"

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 
 FIXTURES = pathlib.Path(__file__).parents[3] / "unit" / "fixtures" / "models"
 GIB = 1 << 30

@@ -3,7 +3,7 @@
 Issue 13 item 3: ``plan()`` and ``resolve_inputs()`` were 239 and 244 lines over a
 string-keyed dict in one 1,660-line file. These tests fail when a planner file grows past
 700 lines or one of its functions past 80, and when a name other code imports from
-``_vllm_plan`` stops being the object its new module defines.
+``plan/planner.py`` stops being the object its own module defines.
 """
 
 from __future__ import annotations
@@ -15,19 +15,20 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan_budget, _vllm_plan_checks
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_plan_context import PlanContext, PlanRefused
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_plan_inputs import resolve_inputs
+from ansible_collections.uma.vllm.plugins.module_utils.plan import budget as _vllm_plan_budget
+from ansible_collections.uma.vllm.plugins.module_utils.plan import checks as _vllm_plan_checks
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan.context import PlanContext, PlanRefused
+from ansible_collections.uma.vllm.plugins.module_utils.plan.inputs import resolve_inputs
 
 ROOT = pathlib.Path(__file__).parents[4]
-MODULE_UTILS = ROOT / "plugins" / "module_utils"
-PLANNER_FILES = [*sorted(p.name for p in MODULE_UTILS.glob("_vllm_plan*.py")), "_vllm_model.py"]
+PLAN_DIR = ROOT / "plugins" / "module_utils" / "plan"
+PLANNER_FILES = sorted(p.name for p in PLAN_DIR.glob("*.py"))
 FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "models"
 
 
 def functions(name):
-    tree = ast.parse((MODULE_UTILS / name).read_text(encoding="utf-8"))
+    tree = ast.parse((PLAN_DIR / name).read_text(encoding="utf-8"))
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield node.name, node.end_lineno - node.lineno + 1
@@ -35,19 +36,20 @@ def functions(name):
 
 def test_the_planner_is_split_into_its_steps():
     assert {
-        "_vllm_plan.py",
-        "_vllm_plan_context.py",
-        "_vllm_plan_checks.py",
-        "_vllm_plan_inputs.py",
-        "_vllm_plan_kv.py",
-        "_vllm_plan_budget.py",
-        "_vllm_plan_render.py",
+        "planner.py",
+        "context.py",
+        "checks.py",
+        "inputs.py",
+        "kv.py",
+        "budget.py",
+        "render.py",
+        "model.py",
     } <= set(PLANNER_FILES)
 
 
 @pytest.mark.parametrize("name", PLANNER_FILES)
 def test_planner_file_is_short(name):
-    lines = len((MODULE_UTILS / name).read_text(encoding="utf-8").splitlines())
+    lines = len((PLAN_DIR / name).read_text(encoding="utf-8").splitlines())
     assert lines <= 700, "%s has %d lines" % (name, lines)
 
 
@@ -58,30 +60,30 @@ def test_planner_functions_are_short(name):
 
 
 def test_plan_and_resolve_inputs_are_sequences_of_steps():
-    sizes = dict(functions("_vllm_plan.py"))
-    sizes.update(functions("_vllm_plan_inputs.py"))
+    sizes = dict(functions("planner.py"))
+    sizes.update(functions("inputs.py"))
     assert sizes["plan"] <= 40 and sizes["resolve_inputs"] <= 40
 
 
 @pytest.mark.parametrize(
     "name, module",
     [
-        ("PlanRefused", "_vllm_plan_context"),
-        ("canonical_flag", "_vllm_plan_checks"),
-        ("check_scalars", "_vllm_plan_checks"),
-        ("activation_reserve", "_vllm_plan_budget"),
-        ("default_batching", "_vllm_plan_budget"),
-        ("resolve_inputs", "_vllm_plan_inputs"),
-        ("kv_cache_report", "_vllm_plan_kv"),
-        ("build_argv", "_vllm_plan_render"),
+        ("PlanRefused", "context"),
+        ("canonical_flag", "checks"),
+        ("check_scalars", "checks"),
+        ("activation_reserve", "budget"),
+        ("default_batching", "budget"),
+        ("resolve_inputs", "inputs"),
+        ("kv_cache_report", "kv"),
+        ("build_argv", "render"),
     ],
 )
 def test_vllm_plan_re_exports_the_names_other_code_imports(name, module):
     assert name in plan_mod.__all__
-    home = {"_vllm_plan_budget": _vllm_plan_budget, "_vllm_plan_checks": _vllm_plan_checks}.get(module)
+    home = {"budget": _vllm_plan_budget, "checks": _vllm_plan_checks}.get(module)
     if home is not None:
         assert getattr(plan_mod, name) is getattr(home, name)
-    assert getattr(plan_mod, name).__module__.endswith(module)
+    assert getattr(plan_mod, name).__module__.endswith(".plan." + module)
 
 
 def test_every_name_in_all_exists():

@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as vs
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_firewall as fw
-from ansible_collections.uma.vllm.plugins.module_utils._vllm_service import EngineModelError
+from ansible_collections.uma.vllm.plugins.module_utils.service import engines as vs
+from ansible_collections.uma.vllm.plugins.module_utils.service import firewall as fw
+from ansible_collections.uma.vllm.plugins.module_utils.service.engines import EngineModelError
 
 HOSTVARS = {"ai1": {"uma_cluster_addr": "10.77.0.1"}, "ai2": {"__vllm_service_node": {"addr": "10.77.0.2"}}}
 

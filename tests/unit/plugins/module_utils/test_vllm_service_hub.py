@@ -3,14 +3,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Issue 21 item 3: an engine's `model` (a Hub id) in the vllm_service role -- where it lands,
 served_model_name, the refusals, the commit in the engine's environment (so in its launcher
-config and fingerprint) and the ranks' commits (plugins/module_utils/_vllm_service_hub.py)."""
+config and fingerprint) and the ranks' commits (plugins/module_utils/service/hub.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub as hub
+from ansible_collections.uma.vllm.plugins.module_utils.service import hub
 
 MODELS = "/var/lib/uma-vllm/models"
 SETTINGS = {"models_dir": MODELS, "endpoint": None, "verify": True, "allow_patterns": None}

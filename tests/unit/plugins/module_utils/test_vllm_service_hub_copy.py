@@ -2,12 +2,12 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Issue 21 item 3: which node of a multi-node engine downloads its model and which copy it from
-rank 0, and the arguments of their uma.vllm.model_copy tasks (_vllm_service_hub_copy.py)."""
+rank 0, and the arguments of their uma.vllm.model_copy tasks (service/hub_copy.py)."""
 
 from __future__ import annotations
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as vs
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_hub_copy as hc
+from ansible_collections.uma.vllm.plugins.module_utils.service import hub_copy as hc
 
 MODELS = "/var/lib/uma-vllm/models"
 ENGINES_DIR = "/etc/uma-vllm/engines"

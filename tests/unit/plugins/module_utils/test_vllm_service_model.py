@@ -1,5 +1,5 @@
-"""The engine model of roles/vllm_service, called directly (plugins/module_utils/_vllm_service.py,
-_vllm_service_state.py, _vllm_service_watchdog.py): the role's scalar settings, the engine user,
+"""The engine model of roles/vllm_service, called directly (plugins/module_utils/service/engines.py,
+service/state.py, service/watchdog.py): the role's scalar settings, the engine user,
 the steps of a launcher config, the watchdog config steps, and the filters as thin wrappers
 (same text, AnsibleFilterError instead of EngineModelError)."""
 
@@ -10,9 +10,9 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.uma.vllm.plugins.filter import vllm_service as filters
 from ansible_collections.uma.vllm.plugins.filter import watchdog as watchdog_filter
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service as model
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_state as state
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_watchdog as wd
+from ansible_collections.uma.vllm.plugins.module_utils.service import engines as model
+from ansible_collections.uma.vllm.plugins.module_utils.service import state
+from ansible_collections.uma.vllm.plugins.module_utils.service import watchdog as wd
 
 NATIVE = {"runtime": "native", "native_command": ["/opt/vllm/bin/vllm", "serve"], "native_model_flag": ""}
 DOCKER = dict(NATIVE, runtime="container", image="nvcr.io/nvidia/vllm:26.02-py3", container_bin="/usr/bin/docker")

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_service_version as v
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_versions as versions
+from ansible_collections.uma.vllm.plugins.module_utils.plan import versions
+from ansible_collections.uma.vllm.plugins.module_utils.service import version as v
 
 
 def test_probe_reads_metadata_without_importing_vllm(tmp_path):

@@ -9,9 +9,9 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_plan as plan_mod
-from ansible_collections.uma.vllm.plugins.module_utils import _vllm_versions as versions
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
+from ansible_collections.uma.vllm.plugins.module_utils.plan import versions
 
 MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "models"
 V32, V33 = (0, 32, 0), (0, 33, 0)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_counters as counters
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as w
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import counters
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic as w
 
 GIB = 1 << 30
 FLOORS = w.size_floors(24 * GIB)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as w
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._sysctl import size_min_free_kbytes
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic as w
+from ansible_collections.uma.vllm.plugins.module_utils.system.sysctl import size_min_free_kbytes
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -12,10 +12,9 @@ import json
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic, probes
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
 
 class RecordingSystemd:
@@ -85,7 +84,7 @@ def test_a_refused_reset_is_recorded_not_raised(tmp_path, monkeypatch):
 def test_the_real_systemd_wrapper_says_when_systemctl_refused():
     """``Systemd.reset_start_limit`` runs ``systemctl reset-failed UNIT`` and raises on a refusal (the plain
     ``reset_failed`` ignores its exit status: a unit that is not failed is no error there)."""
-    from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
 
     seen = []
 

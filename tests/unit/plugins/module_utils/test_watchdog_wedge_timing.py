@@ -23,9 +23,8 @@ import json
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_logic as logic
-from ansible_collections.uma.vllm.plugins.module_utils import _watchdog_probes as probes
-from ansible_collections.uma.vllm.plugins.module_utils import uma_watchdog as wd
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic, probes
+from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import program as wd
 
 BOUND_S = 15.0  # issue 19: decided within 15 s of the first failed observation, whichever node
 

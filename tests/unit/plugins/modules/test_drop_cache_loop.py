@@ -16,14 +16,17 @@ import zipfile
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.uma.vllm.plugins.module_utils import _common, _guard_service, _nodefiles, uma_guard
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils._systemd import (
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import (
     Systemd,
     check_name,
     description_fingerprint,
     parse_show,
 )
+from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as uma_guard
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install as _nodefiles
+from ansible_collections.uma.vllm.plugins.module_utils.system import guard_service as _guard_service
 from ansible_collections.uma.vllm.plugins.modules import drop_cache_loop
 
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
@@ -169,10 +172,13 @@ def test_start_runs_a_transient_unit_and_returns_status(run_module, node):
     assert command[1] == str(node.root / "lib" / "uma_guard.py")
     assert command[command.index("--until-pid") + 1] == "4242"
     assert command[command.index("--status-file") + 1] == str(node.status)
-    # programs installed beside each other, from the collection's source
-    assert (node.root / "lib" / "uma_guard.py").read_text() == _nodefiles.module_source(uma_guard)
-    assert (node.root / "lib" / "_common.py").read_text() == _nodefiles.module_source(_common)
-    assert [f["changed"] for f in result["node_files"]] == [True] * len(_guard_service.NODE_PROGRAM)
+    # the node package and its entry scripts installed from the collection's source
+    assert (node.root / "lib" / "uma_vllm_node" / "guard" / "program.py").read_text() == _nodefiles.module_source(
+        uma_guard
+    )
+    assert (node.root / "lib" / "uma_vllm_node" / "base" / "common.py").read_text() == _nodefiles.module_source(_common)
+    assert "from uma_vllm_node.guard.program import main" in (node.root / "lib" / "uma_guard.py").read_text()
+    assert [f["changed"] for f in result["node_files"]] == [True] * len(_nodefiles.program_names())
     assert json.loads(node.sidecar.read_text())["config"] == result["config"]
 
 
@@ -185,7 +191,7 @@ def test_starting_twice_leaves_one_guard(run_module, node):
     assert len(node.systemd.units) == 1
     assert result["pid"] == 4000 and result["status"]["state"] == "running"
     assert result["diff"]["before"] == result["diff"]["after"]
-    assert [f["changed"] for f in result["node_files"]] == [False] * len(_guard_service.NODE_PROGRAM)
+    assert [f["changed"] for f in result["node_files"]] == [False] * len(_nodefiles.program_names())
 
 
 def test_other_config_restarts(run_module, node):
@@ -209,11 +215,12 @@ def test_new_program_version_restarts(run_module, node, monkeypatch):
 
 def test_program_edited_on_the_node_is_repaired_without_restart(run_module, node):
     run_module(drop_cache_loop, node.args())
-    (node.root / "lib" / "uma_guard.py").write_text("# edited by hand\n")
+    program = node.root / "lib" / "uma_vllm_node" / "guard" / "program.py"
+    program.write_text("# edited by hand\n")
     failed, result = run_module(drop_cache_loop, node.args())
     assert not failed and result["changed"] and result["action"] == "unchanged"
-    assert result["node_files"][0]["changed"] and result["pid"] == 4000
-    assert (node.root / "lib" / "uma_guard.py").read_text() == _nodefiles.module_source(uma_guard)
+    assert [f["path"] for f in result["node_files"] if f["changed"]] == [str(program)] and result["pid"] == 4000
+    assert program.read_text() == _nodefiles.module_source(uma_guard)
 
 
 def test_stop_returns_final_status(run_module, node):
@@ -467,14 +474,17 @@ def test_module_source_from_a_zip_like_ansiballz(tmp_path):
 
 def test_plan_and_install_node_files(tmp_path):
     lib = tmp_path / "lib"
-    files = _nodefiles.plan_node_files([uma_guard, _common], str(lib))
-    assert [f.name for f in files] == ["uma_guard.py", "_common.py"] and all(f.changed for f in files)
-    assert _nodefiles.install_node_files(files) == [str(lib / "uma_guard.py"), str(lib / "_common.py")]
-    again = _nodefiles.plan_node_files([uma_guard, _common], str(lib))
+    files = _nodefiles.plan_node_files(str(lib))
+    names = _nodefiles.program_names()
+    assert [f.name for f in files] == names and all(f.changed for f in files)
+    assert {"uma_guard.py", "uma_vllm_node/__init__.py", "uma_vllm_node/guard/program.py"} <= set(names)
+    assert _nodefiles.install_node_files(files) == [str(lib / name) for name in names]
+    again = _nodefiles.plan_node_files(str(lib))
     assert not any(f.changed for f in again)
     assert _nodefiles.install_node_files(again) == []
     assert _nodefiles.files_fingerprint(files) == _nodefiles.files_fingerprint(list(reversed(again)))
-    assert sorted(os.listdir(lib)) == ["_common.py", "uma_guard.py"]  # no temporary files left
+    found = sorted(os.path.relpath(os.path.join(d, f), str(lib)) for d, _s, fs in os.walk(lib) for f in fs)
+    assert found == sorted(names)  # no temporary files left
 
 
 @pytest.mark.parametrize("lib_dir, problem", [("relative", "not an absolute"), ("FILE", "not a directory")])
@@ -483,7 +493,7 @@ def test_plan_node_files_refuses(tmp_path, lib_dir, problem):
         lib_dir = str(tmp_path / "file")
         open(lib_dir, "w").close()
     with pytest.raises(UmaError, match=problem):
-        _nodefiles.plan_node_files([_common], lib_dir)
+        _nodefiles.plan_node_files(lib_dir)
 
 
 def test_install_failure_is_a_uma_error(tmp_path):

@@ -17,14 +17,14 @@ import sys
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_copy as mc
+from ansible_collections.uma.vllm.plugins.module_utils.models import copy as mc
 from ansible_collections.uma.vllm.plugins.modules import model_copy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "module_utils"))
 from test_model_copy import COMMIT, KEY, Server, _free_port, receive_params
 
-from ansible_collections.uma.vllm.plugins.module_utils import _model_fetch as mf
-from ansible_collections.uma.vllm.plugins.module_utils._common import atomic_write_json
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import atomic_write_json
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.uma.vllm.plugins.module_utils._node_programs import program_names
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.node_install import package_dirs, program_names
 from ansible_collections.uma.vllm.plugins.modules import node_files
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", ".."))
@@ -91,7 +91,9 @@ def runs(tmp_path_factory):
     found["check"] = playbook(tmp, module_args, "--check", "--diff")
     found["check_left"] = sorted(os.listdir(tmp))
     found["run"] = playbook(tmp, module_args, "--diff")
-    found["run_left"] = ((tmp / "etc" / "engines" / "a.env").read_text(), sorted(os.listdir(tmp / "lib")))
+    lib = tmp / "lib"
+    installed = sorted(os.path.relpath(os.path.join(d, f), str(lib)) for d, _s, fs in os.walk(lib) for f in fs)
+    found["run_left"] = ((tmp / "etc" / "engines" / "a.env").read_text(), installed)
     found["again"] = playbook(tmp, module_args)
     changed = dict(module_args, secret_files=args(tmp, secret=SECRET.replace("42", "43"))["secret_files"])
     found["secret"] = playbook(tmp, changed, "--diff")
@@ -104,7 +106,8 @@ def test_check_mode_predicts_and_writes_nothing(runs):
     assert code == 0, out[-3000:]
     assert runs["check_left"] == ["play.yml"]
     assert result["changed"] is True
-    assert len(result["changed_paths"]) == 4 + 1 + len(program_names())
+    # the 4 entries, lib_dir, the node package's directories and every file that ships
+    assert len(result["changed_paths"]) == 4 + 1 + len(package_dirs("/x")) + len(program_names())
 
 
 def test_the_run_writes_what_check_mode_predicted(runs):

@@ -121,7 +121,7 @@ def test_the_fixtures_are_the_outcomes_they_are_named_for():
 
 def test_journal_runs_split_at_systemd_start_and_a_second_exit():
     """Two starts of one unit with no launcher: the second, killed before any vLLM line, is a run of its own."""
-    from ansible_collections.uma.vllm.plugins.module_utils._diagnose_parse import parse_journal
+    from ansible_collections.uma.vllm.plugins.module_utils.diagnose.parse import parse_journal
 
     with open(fixture("vm-hog-oom-kill", "journal.txt"), encoding="utf-8") as fh:
         runs = parse_journal(fh.read())["runs"]

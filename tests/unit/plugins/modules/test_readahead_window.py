@@ -11,9 +11,10 @@ import os
 import pytest
 from ansible.module_utils import basic
 
-from ansible_collections.uma.vllm.plugins.module_utils import _blockdev, _common
-from ansible_collections.uma.vllm.plugins.module_utils._common import UmaError, parse_fingerprint
-from ansible_collections.uma.vllm.plugins.module_utils._nodefiles import module_source
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev as _blockdev
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, parse_fingerprint
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing.node_install import module_source
 from ansible_collections.uma.vllm.plugins.modules import readahead_window
 
 PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else None
@@ -151,11 +152,19 @@ def test_throttle_by_device_opens_a_window(run_module, node):
     assert run[run.index("--unit") + 1] == "uma-readahead-restore-w"
     tail = run[run.index(PYTHON) :]
     lib, sys_root = str(node.root / "lib"), str(node.root / "sys")
-    assert tail == [PYTHON, lib + "/_blockdev.py", "restore", "--record", str(node.record), "--sysfs-root", sys_root]
-    # the restorer and its import are installed from the collection's source
-    assert (node.root / "lib" / "_blockdev.py").read_text() == module_source(_blockdev)
-    assert (node.root / "lib" / "_common.py").read_text() == module_source(_common)
-    assert oct(os.stat(node.root / "lib" / "_blockdev.py").st_mode & 0o777) == "0o644"
+    assert tail == [
+        PYTHON,
+        lib + "/uma_readahead.py",
+        "restore",
+        "--record",
+        str(node.record),
+        "--sysfs-root",
+        sys_root,
+    ]
+    # the restorer's package is installed from the collection's source, with its entry script
+    assert (node.root / "lib" / "uma_vllm_node" / "base" / "blockdev.py").read_text() == module_source(_blockdev)
+    assert (node.root / "lib" / "uma_vllm_node" / "base" / "common.py").read_text() == module_source(_common)
+    assert oct(os.stat(node.root / "lib" / "uma_readahead.py").st_mode & 0o777) == "0o644"
     # the boot unit, enabled
     unit = node.boot_unit.read_text()
     assert parse_fingerprint(unit)["intact"] and "restore --all --state-dir %s" % (node.root / "state") in unit
@@ -253,7 +262,7 @@ def test_persist_writes_steady_state_rule_and_keeps_other_entries(run_module, no
 
 def test_page_rounding_warns_and_is_idempotent(node):
     req = readahead_window.WindowRequest(**node.args(device="sda", read_ahead_kb=8))
-    from ansible_collections.uma.vllm.plugins.module_utils._systemd import Systemd
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import Systemd
 
     systemd = Systemd(node.systemd)
     p = readahead_window.plan(req, systemd, now=0, page=64)

@@ -1,0 +1,4 @@
+# -*- coding: utf-8 -*-
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The launcher: lock, eviction, admission, guard, engine start, health, clean-up (``program``)."""

@@ -1,0 +1,25 @@
+# Copyright: uma.vllm developers
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node programs as a node runs them, for the integration tests (no tests here).
+
+``NODE_LIB`` is one lib_dir for this test process with the node package and its entry scripts,
+installed by the collection's own installer (``plumbing/node_install.py``, what uma.vllm.node_files
+does on a node); ``program("uma_launch.py")`` is the path a unit runs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
+
+NODE_LIB = tempfile.mkdtemp(prefix="uma-node-lib-")
+node_install.install_node_files(node_install.plan_node_files(NODE_LIB))
+
+
+def program(name: str) -> str:
+    """The installed entry script ``name`` (``uma_launch.py``, ``uma_guard.py``, ...)."""
+    path = os.path.join(NODE_LIB, name)
+    assert os.path.isfile(path), "no entry script %s in the installed node lib" % name
+    return path
