@@ -89,7 +89,8 @@ stage_static() {
 # on 2 cores this halves the stage (262 s -> ~150 s here).
 stage_unit() { python -m pytest -q -p no:cacheprovider -n 2 tests/unit; }
 
-stage_integration() { python -m pytest -q -p no:cacheprovider tests/integration; }
+# --durations: the slowest tests named in the log (where the stage's time goes)
+stage_integration() { python -m pytest -q -p no:cacheprovider --durations=25 tests/integration; }
 
 stage_molecule() {
   local scenario

@@ -17,20 +17,24 @@ export ANSIBLE_CONFIG="$work/ansible.cfg" ANSIBLE_COLLECTIONS_PATH="$work/collec
 ansible-galaxy collection install --offline -p "$work/collections" "$tarball" >/dev/null
 cd "$work"
 ansible-galaxy collection list uma.vllm | grep -q 'uma.vllm'
-modules=$(find "$work/collections/ansible_collections/uma/vllm/plugins/modules" -name '*.py' -printf '%f\n' | sed 's/\.py$//' | sort)
-for m in $modules; do
-  ANSIBLE_NOCOLOR=1 ansible-doc "uma.vllm.$m" | grep -q "^> MODULE uma.vllm.$m " || { echo "ansible-doc uma.vllm.$m failed" >&2; exit 1; }
-done
-roles=$(ls "$work/collections/ansible_collections/uma/vllm/roles")
-for r in $roles; do
-  ansible-doc -t role "uma.vllm.$r" >/dev/null || { echo "ansible-doc -t role uma.vllm.$r failed" >&2; exit 1; }
-done
-filters=$(ANSIBLE_NOCOLOR=1 ansible-doc -t filter -l uma.vllm | awk '{print $1}' | sort)
-[ -n "$filters" ] || { echo "ansible-doc -t filter -l uma.vllm lists no filters" >&2; exit 1; }
-for f in $filters; do
-  ansible-doc -t filter "$f" >/dev/null || { echo "ansible-doc -t filter $f failed (undocumented filter)" >&2; exit 1; }
-done
-echo "ansible-doc renders: $(echo "$modules" | wc -w) modules, $(echo "$roles" | wc -w) roles, $(echo "$filters" | wc -w) filters"
+# One ansible-doc process per plugin type (each start costs ~1 s): every name must then have its own
+# header in the output, since ansible-doc exits 0 when one of several names has no documentation.
+docs() {  # docs TYPE HEADER NAME...: each NAME rendered under "> HEADER NAME"
+  local type=$1 header=$2 out name
+  shift 2
+  out=$(ANSIBLE_NOCOLOR=1 ansible-doc -t "$type" "$@" 2>&1) || { echo "ansible-doc -t $type failed: $out" >&2; exit 1; }
+  for name in "$@"; do
+    grep -qE "^> $header\*?$name\*? " <<<"$out" || { echo "ansible-doc -t $type $name failed (undocumented)" >&2; exit 1; }
+  done
+}
+mapfile -t modules < <(find "$work/collections/ansible_collections/uma/vllm/plugins/modules" -name '*.py' -printf '%f\n' | sed 's/\.py$//' | sort)
+docs module "MODULE " "${modules[@]/#/uma.vllm.}"
+mapfile -t roles < <(ls "$work/collections/ansible_collections/uma/vllm/roles")
+docs role "ROLE: " "${roles[@]/#/uma.vllm.}"
+mapfile -t filters < <(ANSIBLE_NOCOLOR=1 ansible-doc -t filter -l uma.vllm | awk '{print $1}' | sort)
+[ "${#filters[@]}" -gt 0 ] || { echo "ansible-doc -t filter -l uma.vllm lists no filters" >&2; exit 1; }
+docs filter "FILTER " "${filters[@]}"
+echo "ansible-doc renders: ${#modules[@]} modules, ${#roles[@]} roles, ${#filters[@]} filters"
 for p in site restore diagnose status; do
   ansible-playbook "uma.vllm.$p" -i "$root/inventories/spark" --syntax-check >/dev/null
 done

@@ -248,9 +248,10 @@ case "${1:-}" in
     exit 1
     ;;
   wrong-order)
+    since=$(date +%s)
     docker exec "${nodes[1]}" systemctl start "$unit"
-    sleep 10
-    docker exec "${nodes[1]}" journalctl --no-pager -u "$unit" -n 40 | grep 'waiting for rank 0'
+    journal_wait "${nodes[1]}" "$unit" "$since" 'waiting for rank 0' 60 ||
+      { echo "rank 1 did not say it waits for rank 0 within 60 s"; exit 1; }
     start=$(now)
     docker exec "${nodes[0]}" systemctl start "$unit"
     for _ in $(seq 1 180); do
