@@ -12,18 +12,18 @@ touches comes from the request, so tests run against temporary directories.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import (
     UmaError,
     atomic_write,
     atomic_write_json,
     check_path,
-    read_json,
     read_meminfo,
     read_text,
 )
@@ -405,10 +405,18 @@ def _check_paths(request: SysctlRequest) -> None:
         raise UmaError("state_dir", request.state_dir, "is not an absolute path", "Give e.g. %s." % STATE_DIR)
 
 
-def _read_record(request: SysctlRequest, record_path: str) -> Optional[Dict[str, str]]:
-    """The operator's original values this module recorded before its first change (None: none)."""
+def _read_record(request: SysctlRequest, record_path: str, managed: Sequence[str]) -> Optional[Dict[str, str]]:
+    """The operator's original values this module recorded before its first change (None: none).
+
+    A record that is there but cannot be read as one (truncated, not UTF-8, not JSON, another shape)
+    is never taken for "no record": state=absent would then delete the drop-in and restore nothing,
+    and state=present would record the collection's own values as the originals. It is refused,
+    naming the file and the keys whose original values it must hold (``managed``: the drop-in's)."""
     try:
-        record = read_json(record_path)
+        with open(record_path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None
     except OSError as err:
         raise UmaError(
             "state_dir",
@@ -416,16 +424,37 @@ def _read_record(request: SysctlRequest, record_path: str) -> Optional[Dict[str,
             "%s cannot be read (%s)" % (record_path, err.strerror),
             "Remove what is in its place; it holds the operator's original values.",
         ) from None
-    if record is not None and not (
-        isinstance(record, dict) and all(isinstance(v, (str, int)) for v in record.values())
-    ):
+    try:
+        record = json.loads(raw.decode("utf-8"))
+        problem = None if isinstance(record, dict) else "not a JSON object"
+    except UnicodeDecodeError:
+        record, problem = None, "not UTF-8 text"
+    except ValueError:
+        record, problem = None, "not JSON (truncated?)" if raw.strip() else "empty"
+    if problem is None:
+        bad = sorted(k for k, v in record.items() if not _KEY_RE.match(k) or not _record_value(v))
+        problem = "its keys %s are not vm.* names with a number as value" % bad if bad else None
+    if problem is not None:
+        keys = sorted(set(managed) | (set(record) if isinstance(record, dict) else set())) or list(MANAGED_KEYS)
+        example = ", ".join('"%s": "<original>"' % key for key in keys)
         raise UmaError(
             "state_dir",
             request.state_dir,
-            "%s is not a record of original sysctl values (damaged?)" % record_path,
-            "Check it by hand: fix or remove it (its values are restored by state=absent).",
+            "%s holds the operator's original sysctl values and is damaged (%s); it is not taken for "
+            "no record, and nothing was changed" % (record_path, problem),
+            "Write the node's original values back into it as JSON ({%s}), or remove it if the values the "
+            "node has now are to stay." % example,
         )
     return record
+
+
+def _record_value(value: Any) -> bool:
+    """A recorded original: a sysctl value as text, or a whole number (not a bool)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, str) and bool(_VALUE_RE.match(value.strip()))
 
 
 def _plan_absent(
@@ -506,8 +535,9 @@ def plan(request: SysctlRequest) -> SysctlPlan:
     """Everything that would change, computed without touching anything."""
     _check_paths(request)
     record_path = os.path.join(request.state_dir, RECORD_NAME)
-    record_before = _read_record(request, record_path)
     file_before = read_text(request.path)
+    managed = sorted(files.parse_sysctl_text(file_before)) if file_before else []
+    record_before = _read_record(request, record_path, managed)
     if request.state == "absent":
         return _plan_absent(request, record_path, record_before, file_before)
     return _plan_present(request, record_path, record_before, file_before)

@@ -210,7 +210,11 @@ class Launcher:
         }
         return node, engine
 
-    VALID = ("as is", "no node config", "node link", "engine link", "nulls", "root engine")
+    VALID = ("as is", "no node config", "node link", "engine link", "nulls", "root engine", "plan")
+    # the plan's numbers the launcher reads (issue 36: each checked where the config is read)
+    plan_numbers = ("requested_memory_bytes", "cuda_context_bytes", "ranks_per_node", "gpus_per_node")
+    plan = {"requested_memory_bytes": 12 << 30, "ranks_per_node": 1, "gpus_per_node": 1, "unified_memory": True,
+            "cuda_context_bytes": None}  # fmt: skip
 
     def build(self, data, root: str, variant: Optional[str] = None) -> Case:
         node, engine = self.files(root)
@@ -233,6 +237,8 @@ class Launcher:
                 _dump(engine_path, dict(engine, guard_mode=None, pre_evict=None, readahead_kb=None))
             elif how == "root engine":  # the role's launch.json when vllm_service_user is root
                 _dump(node_path, dict(node, engine_user=None, engine_home=None, engine_groups=[]))
+            elif how == "plan":  # a plan as uma.vllm.vllm_flags makes it
+                _dump(engine_path, dict(engine, plan=self.plan))
             return Case(self.name, argv, root, [], bad=False, label="valid: " + how)
         if mode == "file":
             which = data.draw(st.sampled_from([node_path, engine_path]), label="file")
@@ -242,7 +248,12 @@ class Launcher:
             if how == "missing" and which == node_path:
                 return Case(self.name, argv, root, [], bad=False, label="valid: launch.json missing")
             return Case(self.name, argv, root, [which, *extra], label="%s %s" % (os.path.basename(which), how))
-        kind = data.draw(st.sampled_from(["number", "bool", "path", "text"]), label="kind")
+        kind = data.draw(st.sampled_from(["number", "bool", "path", "text", "plan"]), label="kind")
+        if kind == "plan":  # one of the plan's numbers made bad, in the engine's file
+            key = data.draw(st.sampled_from(self.plan_numbers), label="key")
+            value = _bad_value(data, "number")
+            _dump(engine_path, dict(engine, plan=dict(self.plan, **{key: value})))
+            return Case(self.name, argv, root, ["plan." + key, engine_path], label="plan.%s=%r" % (key, value))
         key = data.draw(st.sampled_from({"number": self.numbers, "bool": self.bools, "path": self.paths,
                                          "text": self.texts}[kind]), label="key")  # fmt: skip
         value = self.text_value(data, key) if kind == "text" else _bad_value(data, kind)

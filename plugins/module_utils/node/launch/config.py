@@ -142,12 +142,42 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
             "Give model_path or drop readahead_kb.",
         )  # fmt: skip
     _check_env(config.get("env"))
-    plan = config.get("plan")
-    if plan is not None and not isinstance(plan, dict):
-        raise UmaError("plan", plan, "is not a mapping", "Give the plan of uma.vllm.vllm_flags, or null.")
+    check_plan(config.get("plan"))
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
     config["_identity"] = engine_identity(config)
     return config
+
+
+# The plan's numbers the launcher reads (admission, the guard's line): checked where the config is read,
+# so a damaged or hand-made plan is refused with its key, never an overflow later (1e308 bytes) nor a
+# silent "no request" that admits unchecked.
+PLAN_MAX_BYTES = 1 << 50  # 1 PiB: no node comes near it
+PLAN_MAX_COUNT = 1024
+PLAN_BYTES = ("requested_memory_bytes", "cuda_context_bytes")
+PLAN_COUNTS = ("ranks_per_node", "gpus_per_node")
+PLAN_FIX = "Write the plan uma.vllm.vllm_flags makes (a site.yml run does), or drop the key; nothing was started."
+
+
+def check_plan(plan: Any) -> None:
+    """The plan (uma.vllm.vllm_flags' budget) as the launcher reads it: a mapping or null; each number it
+    uses null or in range (bytes 0..1 PiB, counts 1..1024), unified_memory a boolean or null."""
+    if plan is None:
+        return
+    if not isinstance(plan, dict):
+        raise UmaError("plan", plan, "is not a mapping", "Give the plan of uma.vllm.vllm_flags, or null.")
+    for key in PLAN_BYTES:
+        value = plan.get(key)
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if value is not None and not (number and math.isfinite(value) and 0 <= value <= PLAN_MAX_BYTES):
+            raise UmaError("plan." + key, value, "is not a number of bytes from 0 to 1 PiB", PLAN_FIX)
+    for key in PLAN_COUNTS:
+        value = plan.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PLAN_MAX_COUNT
+        ):
+            raise UmaError("plan." + key, value, "is not a whole number from 1 to %d" % PLAN_MAX_COUNT, PLAN_FIX)
+    if plan.get("unified_memory") not in (None, True, False):
+        raise UmaError("plan.unified_memory", plan["unified_memory"], "is not true, false or null", PLAN_FIX)
 
 
 def _check_node_fields(config: Dict[str, Any]) -> None:

@@ -98,7 +98,7 @@ class LaunchLock:
         return True
 
     def holder(self) -> Optional[Dict[str, Any]]:
-        data = read_state(self.holder_path, dict, prog=PROG)
+        data = read_state(self.holder_path, dict, _holder_problem, PROG)
         if data is None:
             return None
         pid = data.get("pid")
@@ -135,6 +135,23 @@ def point_latest(record_dir: str) -> None:
     except OSError:
         os.unlink(tmp)  # e.g. a directory where the link goes: said by the caller, nothing left behind
         raise
+
+
+PID_MAX = 1 << 22  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
+
+
+def _holder_problem(data: Dict[str, Any]) -> Optional[str]:
+    """The lock holder's record (what try_acquire writes): engine text, pid a process id, since a time.
+    Another shape is set aside and named by read_state, never a waiting launcher's traceback."""
+    pid, since, engine = data.get("pid"), data.get("since"), data.get("engine")
+    if engine is not None and not isinstance(engine, str):
+        return "its engine is not text"
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX):
+        return "its pid is not a process id"
+    number = not isinstance(since, bool) and isinstance(since, (int, float))
+    if since is not None and not (number and math.isfinite(since) and 0 <= since < 1 << 36):
+        return "its since is not a time"
+    return None
 
 
 def _pid_alive(pid: int) -> bool:

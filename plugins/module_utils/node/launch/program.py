@@ -219,7 +219,21 @@ class Launch:
         return None, "no startup request in the plan"
 
     def mem_available(self) -> int:
-        return int(read_meminfo(self.config["proc_root"]).get("MemAvailable", 0))
+        """MemAvailable of the node (proc_root/meminfo); a node where it cannot be read is refused, named."""
+        proc_root = self.config["proc_root"]
+        try:
+            meminfo = read_meminfo(proc_root)
+        except OSError as err:
+            raise UmaError(
+                "proc_root", proc_root, "has no readable meminfo for the admission (%s)" % (err.strerror or err),
+                "Point proc_root at the node's /proc (the default); nothing was started.",
+            ) from None  # fmt: skip
+        if "MemAvailable" not in meminfo:
+            raise UmaError(
+                "proc_root", proc_root, "has a meminfo without a MemAvailable line (a kernel before 3.14?)",
+                "Run on a kernel that reports MemAvailable, or set admission false; nothing was started.",
+            )  # fmt: skip
+        return int(meminfo["MemAvailable"])
 
     def admit(self, sleep: Callable[[float], None] = time.sleep) -> bool:
         """Before the engine starts (gpu mode: _launch_node.admit_gpu): MemAvailable must cover the plan's startup
@@ -610,7 +624,15 @@ class Launch:
                 self.record["exit_code"] = 128 + self.stop_signal
                 return 128 + self.stop_signal
             self.pre_evict()
-            if not self.admit():
+            try:
+                admitted = self.admit()
+            except UmaError as err:  # the node's memory cannot be read: refused with the file, not a traceback
+                self.log.step("admission", checked=False, error=err.message)
+                self.log.line("%s: %s" % (PROG, err.message))
+                self.record["failed_at"] = self.log.elapsed()
+                self.record["exit_code"] = EXIT_CONFIG
+                return EXIT_CONFIG
+            if not admitted:
                 self.failure = ("admission refused on this node (free memory below the plan's start)", EXIT_ADMISSION)
                 self.record["failed_at"] = self.log.elapsed()
                 self.record["exit_code"] = EXIT_ADMISSION

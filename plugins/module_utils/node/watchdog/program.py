@@ -126,7 +126,12 @@ class Watchdog:
         if isinstance(old, dict) and old.get("phase") == "gave_up":
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
-            self.state["reason"] = old.get("reason", "gave up before this watchdog started")
+            reason = old.get("reason", "gave up before this watchdog started")
+            if not isinstance(reason, str):  # a hand-edited or damaged record: the verdict stays, said as such
+                reason = "gave up before this watchdog started (its recorded reason was not text: %s)" % (
+                    json.dumps(reason, sort_keys=True)
+                )
+            self.state["reason"] = reason
         events = read_state(os.path.join(self.dir, "events.json"), list, _event_problem, PROG)
         self.events: List[Dict[str, Any]] = (events or [])[-EVENTS_KEPT:]
         self.peer_seen: Dict[str, Tuple[Optional[Dict[str, Any]], float]] = {}

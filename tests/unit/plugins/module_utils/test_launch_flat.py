@@ -10,11 +10,13 @@ option named, not a traceback.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
 import node_helpers
+import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
@@ -51,3 +53,69 @@ def test_a_missing_part_fails_on_the_node(tmp_path):
     proc = run_flat(lib, "--help")
     assert proc.returncode != 0
     assert "cannot import name 'node' from 'uma_vllm_node.launch'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "plan, key",
+    [
+        ({"requested_memory_bytes": 1e308}, "plan.requested_memory_bytes"),
+        ({"requested_memory_bytes": -1}, "plan.requested_memory_bytes"),
+        ({"requested_memory_bytes": "12 GiB"}, "plan.requested_memory_bytes"),
+        ({"requested_memory_bytes": 1 << 33, "ranks_per_node": 10**12}, "plan.ranks_per_node"),
+        ({"requested_memory_bytes": 1 << 33, "ranks_per_node": True}, "plan.ranks_per_node"),
+        ({"gpus_per_node": 0}, "plan.gpus_per_node"),
+        ({"cuda_context_bytes": 1e20}, "plan.cuda_context_bytes"),
+        ({"unified_memory": "yes"}, "plan.unified_memory"),
+    ],
+)
+def test_a_plan_out_of_range_is_refused_by_the_installed_launcher(tmp_path, plan, key):
+    """Issue 36: a plan with requested_memory_bytes 1e308 ended the launcher in an OverflowError traceback;
+    other bad numbers were read as "no request" (admission unchecked). Now refused at the config's door,
+    exit 78, naming the key, before any lock or eviction."""
+    lib = node_helpers.flat_copy(tmp_path)
+    config = tmp_path / "engine.json"
+    config.write_text(json.dumps({"engine": "p", "command": ["true"], "health_url": "http://x:1/h", "plan": plan}))
+    proc = run_flat(lib, "--engine", "p", "--config", str(config), "--node-config", "/nonexistent",
+                    "--lock-path", str(tmp_path / "lock"), "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    assert proc.returncode == uma_launch.EXIT_CONFIG, proc.stderr
+    assert "Traceback" not in proc.stderr and "option '%s'" % key in proc.stderr, proc.stderr
+    assert not (tmp_path / "lock").exists() and not (tmp_path / "state").exists()
+
+
+def test_the_planners_own_plan_passes_the_launchers_check():
+    """What uma.vllm.vllm_flags emits is what the launcher accepts (the two sides of the wire agree)."""
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as launch_config
+    from ansible_collections.uma.vllm.plugins.module_utils.plan import planner
+
+    config = json.loads(
+        open(
+            os.path.join(os.path.dirname(__file__), "..", "..", "fixtures", "models", "qwen3-32b", "config.json")
+        ).read()
+    )
+    for unified in (True, False):
+        plan = planner.plan({"model_config": config, "model": "m", "weights_bytes": 8 << 30, "total_memory_gib": 119.7,
+                             "max_model_len": 8192, "unified_memory": unified})  # fmt: skip
+        launch_config.check_plan(plan["budget"])
+
+
+@pytest.mark.parametrize("meminfo", [None, "MemTotal: 1024 kB\nMemFree: 512 kB\n"], ids=["missing", "no-MemAvailable"])
+def test_a_node_whose_meminfo_cannot_be_read_is_refused_at_admission(tmp_path, meminfo):
+    """Issue 36: a missing /proc/meminfo at admission was a traceback (and one without MemAvailable read as 0
+    bytes free: a wait, then a refusal with wrong numbers). Now exit 78 naming proc_root, the lock released."""
+    lib = node_helpers.flat_copy(tmp_path)
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    if meminfo is not None:
+        (proc_root / "meminfo").write_text(meminfo)
+    config = tmp_path / "engine.json"
+    plan = {"requested_memory_bytes": 1 << 30}
+    engine = {"engine": "m", "command": ["true"], "health_url": "http://x:1/h", "plan": plan,
+              "proc_root": str(proc_root), "pre_evict": "none"}  # fmt: skip
+    config.write_text(json.dumps(engine))
+    proc = run_flat(lib, "--engine", "m", "--config", str(config), "--node-config", "/nonexistent",
+                    "--lock-path", str(tmp_path / "lock"), "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == uma_launch.EXIT_CONFIG, out
+    assert "Traceback" not in out and "option 'proc_root'" in out and "nothing was started" in out, out
+    record = json.loads(next((tmp_path / "state").rglob("launch.json")).read_text())
+    assert record["exit_code"] == uma_launch.EXIT_CONFIG

@@ -390,3 +390,52 @@ def test_each_state_file_truncated_or_zeroed_then_the_programs_start_again(tmp_p
     said = [line for line in proc.stderr.splitlines() if "state file %s " % holder in line]
     assert len(said) == 1 and "set aside as %s.damaged-" % holder in said[0], proc.stderr
     assert "lock-timeout" in proc.stdout
+
+
+@pytest.mark.parametrize("reason", ["null", "7", '{"why": "x"}', '["a"]'])
+def test_a_gave_up_state_whose_reason_is_not_text_keeps_the_verdict_and_every_tick_runs(tmp_path, reason):
+    """Issue 36: state.json {"phase": "gave_up", "reason": null} made every tick fail with a TypeError,
+    forever. The verdict is kept (the engine stays stopped, as the watchdog left it) and the reason says
+    what was recorded; the ticks run."""
+    lib = node_helpers.flat_copy(tmp_path)
+    cfg = watchdog_cfg(tmp_path)
+    state = tmp_path / "state" / "watchdog" / "main" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text('{"phase": "gave_up", "reason": %s, "epoch": 3}' % reason)
+    proc = run_watchdog(lib, cfg, ticks=3)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+    assert "tick failed" not in proc.stdout, proc.stdout  # was: "tick failed: TypeError" at every tick
+    now = json.loads(state.read_text())
+    assert now["phase"] == "gave_up" and now["epoch"] == 3
+    assert now["reason"] == "gave up before this watchdog started (its recorded reason was not text: %s)" % reason
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"engine": "other", "pid": os.getpid(), "since": "yesterday"},
+        {"engine": "other", "pid": os.getpid(), "since": 1e300},
+        {"engine": "other", "pid": 10**30, "since": 1.0},
+        {"engine": "other", "pid": True, "since": 1.0},
+        {"engine": ["x"], "pid": os.getpid(), "since": 1.0},
+    ],
+)
+def test_a_waiting_launcher_reads_a_holder_record_of_the_wrong_types_without_a_traceback(tmp_path, record):
+    """Issue 36: a lock holder whose fields had the wrong type crashed a waiting launcher (time.localtime of
+    a string, os.kill of a huge pid). Now the record is set aside and named; the launcher waits, says for
+    whom it cannot tell, and times out as it would."""
+    lock_path = tmp_path / "launch.lock"
+    holder = tmp_path / "launch.lock.holder"
+    holder.write_text(json.dumps(record))
+    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out = io.StringIO()
+    try:
+        lock = _launch_node.LaunchLock(str(lock_path), "e1")
+        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
+    finally:
+        os.close(fd)
+    text = out.getvalue()
+    assert got is False and "waiting for the launch lock %s held by engine ? (pid ?, since ?)" % lock_path in text
+    assert "lock-timeout" in text
+    assert [n for n in os.listdir(tmp_path) if n.startswith("launch.lock.holder.damaged-")]  # set aside, named

@@ -231,3 +231,50 @@ def test_missing_meminfo_without_ram_gib_is_a_clear_error(tmp_path):
     with pytest.raises(UmaError) as err:
         s.plan(req)
     assert "ram_gib" in err.value.message and "Set ram_gib" in err.value.message
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (b'{"vm.min_free_kbytes": "45056", "vm.dirty_r', "not JSON (truncated?)"),
+        (b'{"vm.min_free_kbytes": "45\xff\xfe"}', "not UTF-8 text"),
+        (b"", "empty"),
+        (b'["vm.min_free_kbytes", "45056"]', "not a JSON object"),
+        (b'{"vm.min_free_kbytes": null}', "are not vm.* names with a number as value"),
+        (b'{"vm.min_free_kbytes": true}', "are not vm.* names with a number as value"),
+        (b'{"kernel.panic": "1"}', "are not vm.* names with a number as value"),
+    ],
+)
+@pytest.mark.parametrize("state", ["absent", "present"])
+def test_a_damaged_record_of_the_originals_is_refused_never_taken_for_none(tmp_path, damage, problem, state):
+    """Issue 36: a truncated or non-UTF-8 sysctl-original.json was read as "no record": state=absent
+    deleted the drop-in and restored nothing (the operator's values gone, changed, no warning), and
+    state=present recorded the collection's own values as the originals. Now: refused, naming the
+    file and the keys whose originals it must hold; nothing on the node changes."""
+    req = _tree(tmp_path)
+    s.execute(s.plan(req), req.proc_root)
+    record = os.path.join(req.state_dir, s.RECORD_NAME)
+    with open(record, "wb") as handle:
+        handle.write(damage)
+    before = {p: open(p, "rb").read() for p in (req.path, record)}
+    live = {key: _live(req, key) for key in s.MANAGED_KEYS}
+    req.state = state
+    with pytest.raises(UmaError) as err:
+        s.plan(req)
+    assert err.value.option == "state_dir" and record in err.value.problem and problem in err.value.problem
+    assert "nothing was changed" in err.value.problem
+    assert '"vm.min_free_kbytes": "<original>"' in err.value.fix and '"vm.dirty_ratio": "<original>"' in err.value.fix
+    assert {p: open(p, "rb").read() for p in (req.path, record)} == before
+    assert {key: _live(req, key) for key in s.MANAGED_KEYS} == live
+
+
+def test_a_whole_record_with_number_values_still_restores(tmp_path):
+    """The record as older versions wrote it (numbers, not text) is a record: absent restores from it."""
+    req = _tree(tmp_path)
+    s.execute(s.plan(req), req.proc_root)
+    record = os.path.join(req.state_dir, s.RECORD_NAME)
+    with open(record, "w", encoding="utf-8") as handle:
+        json.dump({"vm.min_free_kbytes": 45056, "vm.dirty_ratio": 20}, handle)
+    req.state = "absent"
+    s.execute(s.plan(req), req.proc_root)
+    assert _live(req, "vm.min_free_kbytes") == "45056" and _live(req, "vm.dirty_ratio") == "20"
