@@ -33,10 +33,14 @@ CASES = {
     "record": {"record": True},
     "monitoring": {"monitoring": True},
     "other_lib": {"other_lib": "/usr/local/lib/uma-vllm-x"},
+    "legacy": {"legacy": True},
+    "legacy_boot_unit": {"legacy": True, "legacy_boot_unit": True},
 }
+# the flat files a version before the node package installed (roles/launch_wrapper/vars/main.yml)
+LEGACY = ["_common.py", "_paths.py", "_blockdev.py", "_guard_config.py", "_launch_node.py", "_watchdog_logic.py"]
 
 
-def node(base, boot_unit=False, record=False, monitoring=False, other_lib=None):
+def node(base, boot_unit=False, record=False, monitoring=False, other_lib=None, legacy=False, legacy_boot_unit=False):
     """A node after launch_wrapper (and maybe readahead_window / monitoring) installed their files."""
     lib, state, etc, units = (base / d for d in ("lib", "state", "etc", "units"))
     for directory in (lib, state / "launches" / "a", etc / "engines", units):
@@ -52,6 +56,12 @@ def node(base, boot_unit=False, record=False, monitoring=False, other_lib=None):
         (units / _blockdev.BOOT_UNIT).write_text(unit)
     if record:
         (state / "readahead-w.json").write_text(json.dumps({"version": 1, "name": "w", "devices": []}))
+    for name in LEGACY if legacy else []:
+        (lib / name).write_text("# %s of an earlier version\n" % name)
+    if legacy_boot_unit:  # the boot unit an earlier readahead_window wrote: it runs lib/_blockdev.py
+        (units / _blockdev.BOOT_UNIT).write_text(
+            "[Service]\nExecStart=%s %s/_blockdev.py restore --all\n" % (_paths.PYTHON, lib)
+        )
     if monitoring:
         (lib / "monitoring").mkdir()
         (lib / "monitoring" / "uma_metrics.py").write_text("# monitoring's collector\n")
@@ -127,3 +137,13 @@ def test_monitorings_collector_keeps_its_directory(removed):
 
 def test_a_boot_unit_for_another_lib_dir_keeps_nothing(removed):
     assert left(removed / "other_lib") is None
+
+
+def test_an_earlier_versions_flat_files_are_removed_too(removed):
+    """Upgraded nodes keep the flat files of the versions before the node package: absent removes them."""
+    assert left(removed / "legacy") is None
+
+
+def test_an_earlier_readahead_boot_unit_keeps_its_restorer(removed):
+    """A boot unit an earlier readahead_window wrote runs lib/_blockdev.py (with _common.py, _paths.py)."""
+    assert left(removed / "legacy_boot_unit") == ["_blockdev.py", "_common.py", "_paths.py"]
