@@ -15,6 +15,7 @@ import tempfile
 from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
 NODE_LIB = tempfile.mkdtemp(prefix="uma-node-lib-")
+os.chmod(NODE_LIB, 0o755)  # as a node's lib_dir: the tests that run a program as another user read it too
 node_install.install_node_files(node_install.plan_node_files(NODE_LIB))
 
 

@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import SECRET_ENV_RE, SECRET_FLAGS
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, require_int
 from ansible_collections.uma.vllm.plugins.module_utils.plan import model as model_mod
 from ansible_collections.uma.vllm.plugins.module_utils.plan import versions
@@ -196,9 +197,6 @@ def _extra_args(params: Dict[str, Any], version: versions.Version, warnings: Lis
 
 # Flags the planner owns besides PLANNED_FLAGS: the model and the dtypes it sizes with.
 OWNED_FLAGS = ("--model", "--dtype", "--mamba-cache-mode", "--mamba-cache-dtype", "--mamba-ssm-cache-dtype")
-# Secrets vLLM also reads from the environment: never on a command line (ps, journal, 0644 JSON).
-SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
-SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
 _ADDR_RE = re.compile(r"[A-Za-z0-9._:%\[\]-]{1,253}", re.ASCII)
 
 INT_LIMITS = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import ENV_NAME_RE
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.paths import ENGINE_NAME_PATTERN
 
 
@@ -19,7 +20,7 @@ class EngineModelError(ValueError):
 
 
 NAME_RE = re.compile(ENGINE_NAME_PATTERN)
-ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_RE = ENV_NAME_RE  # node/base/checks.py: the one rule for an environment variable's name
 MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
 MULTINODE_BARE = ("--headless",)
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
@@ -38,3 +39,15 @@ DEFAULT_SECRETS_DIR = "/etc/uma-vllm/engines"
 
 def _err(option: str, value: Any, problem: str, fix: str) -> str:
     return "%s = %r %s. Fix: %s" % (option, value, problem, fix)
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def api_url(host: Any, port: Any, path: str = "/health") -> str:
+    """The one rule for an engine's own URL on its node: a wildcard bind address is reached on 127.0.0.1,
+    an IPv6 address in brackets (the default health URL of the engine model, the launcher and the watchdog)."""
+    host = "127.0.0.1" if str(host) in WILDCARD_HOSTS else str(host)
+    if ":" in host:
+        host = "[%s]" % host
+    return "http://%s:%s%s" % (host, port, path)

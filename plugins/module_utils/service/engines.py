@@ -23,6 +23,7 @@ import re
 import shlex
 from typing import Any, Dict, List, Optional, Tuple
 
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import SECRET_ENV_RE, SECRET_FLAGS
 from ansible_collections.uma.vllm.plugins.module_utils.node.cluster.ranks import strip_flags
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     DEFAULT_MASTER_PORT,
@@ -33,8 +34,10 @@ from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     MULTINODE_WITH_VALUE,
     NAME_RE,
     SOURCE_SECRETS,
+    WILDCARD_HOSTS,
     EngineModelError,
     _err,
+    api_url,
 )
 from ansible_collections.uma.vllm.plugins.module_utils.service.container import (
     _container_command,
@@ -290,12 +293,6 @@ def _check_runtime(where: str, engine: Dict[str, Any], settings: Dict[str, Any])
                  "Give the engine command before the model, e.g. [/opt/vllm/bin/vllm, serve].")
         )  # fmt: skip
     return errors
-
-
-# Secrets travel only through the 0600 EnvironmentFile (issue 10): a secret-looking env key or a
-# secret flag on the command line is refused, naming the key or flag, never echoing its value.
-SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
-SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 
 def _check_secrets(where: str, engine: Dict[str, Any]) -> List[str]:
@@ -565,14 +562,9 @@ def health_url(engine: Dict[str, Any], host: str, port: int, worker: bool, head_
     """The engine's own health_url, else the API of this node (or of rank 0 for a headless rank)."""
     if engine.get("health_url"):
         return engine["health_url"]
-    if worker:
-        # a headless rank has no API: its load is done when rank 0 serves
-        api_host = host if host not in ("0.0.0.0", "::", "") else head_addr
-    else:
-        api_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    if ":" in str(api_host):
-        api_host = "[%s]" % api_host
-    return "http://%s:%d/health" % (api_host, port)
+    # a headless rank has no API: its load is done when rank 0 serves
+    api_host = head_addr if worker and host in WILDCARD_HOSTS else host
+    return api_url(api_host, "%d" % port)
 
 
 def launch_config(

@@ -15,6 +15,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.paths import ENGINE_NAME_PATTERN
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import api_url
 
 MANAGED = "Managed by uma.vllm (role launch_wrapper); local edits are reverted on the next run"
 USER_KEYS = ("engine_user", "engine_group", "engine_groups", "engine_home")
@@ -42,8 +43,7 @@ def _model_args(engine: Dict[str, Any]) -> List[Any]:
 def _health_url(engine: Dict[str, Any]) -> Any:
     if "health_url" in engine:
         return engine["health_url"]
-    host = str(engine.get("host", "127.0.0.1")).replace("0.0.0.0", "127.0.0.1")
-    return "http://%s:%s/health" % (host, engine["port"])
+    return api_url(engine.get("host", "127.0.0.1"), engine["port"])
 
 
 def _user(engine: Dict[str, Any]) -> Dict[str, Any]:

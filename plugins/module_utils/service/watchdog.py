@@ -18,6 +18,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic
 from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import api_url
 from ansible_collections.uma.vllm.plugins.module_utils.service.engines import EngineModelError, container_name
 from ansible_collections.uma.vllm.plugins.module_utils.service.files import link_key_file
 
@@ -129,7 +130,7 @@ def base_config(
     processes = settings.get("processes")
     raw["processes"] = list(processes) if processes else (RANK0_PROCESSES if rank == 0 else WORKER_PROCESSES)
     if rank == 0:
-        health = str(item.get("health_url") or "http://127.0.0.1:%s/health" % engine.get("port"))
+        health = str(item.get("health_url") or api_url("127.0.0.1", engine.get("port")))
         raw["base_url"] = health[: -len("/health")] if health.endswith("/health") else health
     return raw
 

@@ -29,7 +29,13 @@ from .common import UmaError, check_path
 MAX_CONFIG_BYTES = 1 << 20
 WEEK_S = 604800.0
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# The one home of the environment-name rules (the launcher's env, the engine model's env and secrets,
+# the planner's checks): a variable's name, and the names and flags that are secrets. Secrets travel only
+# through the 0600 EnvironmentFile: a secret-looking env key or a secret flag on a command line is
+# refused, naming the key or flag, never echoing its value.
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$", re.ASCII)
+SECRET_ENV_RE = re.compile(r"(TOKEN|API_KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+SECRET_FLAGS = {"--api-key": "VLLM_API_KEY", "--hf-token": "HF_TOKEN"}
 
 Number = Union[int, float]
 

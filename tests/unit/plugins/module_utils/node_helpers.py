@@ -42,6 +42,7 @@ def flat_copy(tmp_path):
 # One installed lib_dir for this test process: the harnesses run the programs from it
 # (``os.path.join(NODE_LIB, "uma_launch.py")``), as a node's units do.
 NODE_LIB = install_node_lib(tempfile.mkdtemp(prefix="uma-node-lib-"))
+os.chmod(NODE_LIB, 0o755)  # as a node's lib_dir (mkdtemp makes it 0700): readable by an engine user too
 
 
 def watchdog_config(tmp_path, state_dir, textfile_dir=None, **extra):
