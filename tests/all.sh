@@ -11,34 +11,61 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 stages=("$@")
-[ "${#stages[@]}" -gt 0 ] || stages=(setup static unit integration molecule)
+# Nothing named: everything, with the set-up's lab half (image, vLLM venv, model) beside the
+# static checks and the unit tests, which need none of it (tests/setup.sh --base / --lab).
+overlap=0
+if [ "${#stages[@]}" -eq 0 ]; then
+  stages=(setup static unit integration molecule)
+  overlap=1
+fi
 log() { printf '\n[tests] ==== %s\n' "$*" >&2; }
-declare -a timings=()
-declare -i total_passed=0 total_failed=0
 logs=$(mktemp -d)
+declare -a ran=()
 # A stage that runs tests must have run some: its pytest/testinfra summary lines
 # ("N passed, M failed ... in Xs") are summed into the run's closing line.
 counts() {
   grep -E '^[= ]*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed)(, [0-9]+ [a-z]+)* in [0-9.]+s' "$1" || true
 }
+# NAME CMD...: run one stage, its output to the terminal and $logs/NAME.log; its time and its
+# counts to $logs/NAME.result (read by the closing lines: a stage may run in a subshell)
 run_stage() {
   local name=$1; shift
-  local start=$SECONDS log_file passed=0 failed=0 line
+  local start=$SECONDS file passed=0 failed=0 line
   log "$name"
-  log_file="$logs/${name//[^A-Za-z0-9_]/_}.log"
-  "$@" 2>&1 | tee "$log_file"
+  file="$logs/${name//[^A-Za-z0-9_]/_}"
+  "$@" 2>&1 | tee "$file.log"
   while read -r line; do
     [[ $line =~ ([0-9]+)\ passed ]] && passed=$((passed + BASH_REMATCH[1]))
     [[ $line =~ ([0-9]+)\ (failed|error) ]] && failed=$((failed + BASH_REMATCH[1]))
-  done < <(counts "$log_file")
-  total_passed+=passed
-  total_failed+=failed
-  timings+=("$(printf '%-28s %5ss  %s' "$name" $((SECONDS - start)) "$([ "$name" = setup ] || [ "$name" = static ] || echo "$passed passed")")")
-  if [ "$name" != setup ] && [ "$name" != static ] && [ "$passed" -eq 0 ]; then
-    echo "[tests] stage $name ran no test: a stage that checks nothing must not pass" >&2
-    exit 1
-  fi
+  done < <(counts "$file.log")
+  printf '%s %s %s\n' "$passed" "$failed" \
+    "$(printf '%-28s %5ss  %s' "$name" $((SECONDS - start)) "$(case $name in setup*|static) ;; *) echo "$passed passed" ;; esac)")" \
+    >"$file.result"
+  case $name in
+    setup*|static) ;;
+    *) if [ "$passed" -eq 0 ]; then
+         echo "[tests] stage $name ran no test: a stage that checks nothing must not pass" >&2
+         exit 1
+       fi ;;
+  esac
 }
+# NAME CMD...: run_stage in the background, its output held in $logs/NAME.out until join
+declare -A background=()
+start_stage() {
+  local name=$1
+  ran+=("$name")
+  run_stage "$@" >"$logs/${name//[^A-Za-z0-9_]/_}.out" 2>&1 &
+  background[$name]=$!
+}
+# NAME: wait for a background stage, show its output; its failure ends the run
+join_stage() {
+  local name=$1 status=0
+  wait "${background[$name]}" || status=$?
+  cat "$logs/${name//[^A-Za-z0-9_]/_}.out" >&2
+  unset "background[$name]"
+  [ "$status" = 0 ] || { echo "[tests] stage $name failed (exit $status)" >&2; exit "$status"; }
+}
+stage() { ran+=("$1"); run_stage "$@"; }
 
 export PATH="$root/.venv/bin:$PATH"
 export ANSIBLE_CONFIG="$root/ansible.cfg"
@@ -58,7 +85,7 @@ for knob in "${knobs[@]}"; do
   [ -r "$knob" ] && saved[$knob]=$(cat "$knob")
 done
 restore_knobs() {
-  local status=$? knob leaked=0
+  local status=$1 knob leaked=0
   for knob in "${!saved[@]}"; do
     if [ "$(cat "$knob" 2>/dev/null)" != "${saved[$knob]}" ]; then
       echo "[tests] a test left $knob at $(cat "$knob" 2>/dev/null); restoring ${saved[$knob]}" >&2
@@ -70,10 +97,25 @@ restore_knobs() {
   [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
   exit "$status"
 }
-# UMA_KEEP_KNOBS=1 skips this, for a run beside another one that owns the knobs.
-[ "${UMA_KEEP_KNOBS:-0}" = 1 ] || trap restore_knobs EXIT
+kill_tree() {
+  local child
+  for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+# At the end, and after a failed stage: no background stage is left running, and the knobs are
+# restored (UMA_KEEP_KNOBS=1 skips that, for a run beside another one that owns the knobs).
+on_exit() {
+  local status=$?
+  local pid
+  for pid in "${background[@]}"; do kill_tree "$pid"; done
+  [ "${UMA_KEEP_KNOBS:-0}" = 1 ] || restore_knobs "$status"
+  exit "$status"
+}
+trap on_exit EXIT
 
 stage_setup() { bash tests/setup.sh; }
+stage_setup_base() { bash tests/setup.sh --base; }
+stage_setup_lab() { bash tests/setup.sh --lab; }
 
 stage_static() {
   ruff check plugins tests benchmarks lab
@@ -89,13 +131,19 @@ stage_static() {
 # on 2 cores this halves the stage (262 s -> ~150 s here).
 stage_unit() { python -m pytest -q -p no:cacheprovider -n 2 tests/unit; }
 
-# --durations: the slowest tests named in the log (where the stage's time goes)
-stage_integration() { python -m pytest -q -p no:cacheprovider --durations=25 tests/integration; }
+# --durations: the slowest tests named in the log (where the stage's time goes). First the files
+# marked `alone` (tests/integration/conftest.py: they read state of the whole machine that other
+# tests change, or decide by the wall clock), one at a time; then every other file on two workers,
+# a file per worker (a file's containers and fixtures are its own; no two files share a name).
+stage_integration() {
+  python -m pytest -q -p no:cacheprovider --durations=10 -m alone tests/integration
+  python -m pytest -q -p no:cacheprovider --durations=25 -m "not alone" -n 2 --dist loadfile tests/integration
+}
 
 stage_molecule() {
   local scenario
   for scenario in "$@"; do
-    run_stage "molecule:$scenario" molecule test -s "$scenario"
+    stage "molecule:$scenario" molecule test -s "$scenario"
   done
 }
 
@@ -114,15 +162,31 @@ check_scenarios() {
   fi
 }
 
+if [ "$overlap" = 1 ]; then
+  # The lab's build (downloads, debootstrap, pip: mostly network and disk) beside the static checks
+  # (mostly one core) and the unit tests; each has what it needs before it starts
+  stage setup stage_setup_base
+  start_stage setup:lab stage_setup_lab
+  stage static stage_static
+  stage unit stage_unit
+  join_stage setup:lab
+  stages=(integration molecule)
+fi
 for stage in "${stages[@]}"; do
   case "$stage" in
-    setup|static|unit|integration) run_stage "$stage" "stage_$stage" ;;
+    setup|static|unit|integration) stage "$stage" "stage_$stage" ;;
     molecule) check_scenarios; mapfile -t all < <(scenarios); stage_molecule "${all[@]}" ;;
     molecule:*) stage_molecule "${stage#molecule:}" ;;
     *) echo "all.sh: unknown stage '$stage' (setup static unit integration molecule molecule:NAME)" >&2; exit 2 ;;
   esac
 done
-printf '%s\n' "${timings[@]}" >&2
+total_passed=0 total_failed=0
+for name in "${ran[@]}"; do
+  read -r passed failed timing <"$logs/${name//[^A-Za-z0-9_]/_}.result"
+  total_passed=$((total_passed + passed))
+  total_failed=$((total_failed + failed))
+  echo "$timing" >&2
+done
 log "all passed"
 # the run's closing line: every pytest and testinfra count of every stage above
 echo "$total_passed passed, $total_failed failed"

@@ -28,6 +28,10 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.base import blockdev
 from ansible_collections.uma.vllm.plugins.module_utils.node.base import common as _common
 from ansible_collections.uma.vllm.plugins.modules import readahead_window, uma_sysctl
 
+# tests/all.sh runs this file with no other test beside it: it reads
+# loop devices and their read_ahead_kb
+pytestmark = pytest.mark.alone
+
 OLD = "old content, must survive\n" * 40
 
 

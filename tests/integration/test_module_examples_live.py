@@ -59,6 +59,10 @@ from test_vllm_parser_oracle import IMAGE, ROOT, VENV
 sys.path.insert(0, str(ROOT / "lab"))
 import hub_standin
 
+# tests/all.sh runs this file with no other test beside it: it reads every vm.* value and
+# read_ahead_kb of the machine, before and after
+pytestmark = pytest.mark.alone
+
 PREFIX = os.environ.get("UMA_ITEST_PREFIX", "itest")
 NODE = "%s-examples-%d" % (PREFIX, os.getpid())
 MODEL = ROOT / ".cache" / "lab" / "models" / "tiny-1g"
@@ -208,6 +212,7 @@ def _playbook(hub_commit):
 
 SNAPSHOT = r"""
 import glob, os, subprocess
+
 # Ansible's own bookkeeping (~/.ansible, async jobs in ~/.ansible_async) and the system's
 skip = ("/root/.ansible", "/root/.ansible_async", "/var/lib/systemd/", "/var/log", "/var/cache", "/var/lib/apt")
 out = []

@@ -28,6 +28,10 @@ import pytest
 from ansible_collections.uma.vllm.plugins.module_utils.node.guard import program as g
 from ansible_collections.uma.vllm.plugins.module_utils.node.guard import residency as _guard_residency
 
+# tests/all.sh runs this file with no other test beside it: it reads
+# the page cache of its files and drop_caches, for the whole machine
+pytestmark = pytest.mark.alone
+
 GUARD = _node_lib.program("uma_guard.py")  # the installed entry script, as a node runs it
 MIB = 1 << 20
 ROOT = os.geteuid() == 0

@@ -10,9 +10,14 @@ import sys
 import time
 
 import _node_lib  # the installed node programs
+import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
+
+# tests/all.sh runs this file with no other test beside it: it reads
+# this machine's MemAvailable
+pytestmark = pytest.mark.alone
 
 HERE = os.path.dirname(__file__)
 STAND_IN = os.path.join(HERE, "fixtures", "stand_in_engine.py")

@@ -24,6 +24,10 @@ ENV_RE = ENV_NAME_RE  # node/base/checks.py: the one rule for an environment var
 MULTINODE_WITH_VALUE = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--distributed-executor-backend")
 MULTINODE_BARE = ("--headless",)
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# vLLM's own cache (VLLM_CACHE_ROOT's default for root): torch.compile artifacts, the model
+# registry's inspection results, kernel JIT caches; kept on the node so that a new container of
+# the engine does not build them again
+VLLM_CACHE_IN_CONTAINER = "/root/.cache/vllm"
 CONTAINER_PREFIX = "uma-vllm-"
 DEFAULT_MASTER_PORT = 29501
 DEFAULT_RAY_PORT = 6379

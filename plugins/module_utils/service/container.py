@@ -17,6 +17,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     ENV_RE,
     HF_CACHE_IN_CONTAINER,
     SECRETS_IN_CONTAINER,
+    VLLM_CACHE_IN_CONTAINER,
     EngineModelError,
     _err,
 )
@@ -44,6 +45,23 @@ def shell_env(secrets: Dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _mount_source(option: str, path: Any) -> str:
+    """A host directory for ``-v SOURCE:TARGET``: absolute, and nothing the option's syntax reads
+    (``:`` separates the fields, ``,`` the options of --mount) or a line break could end."""
+    text = str(path)
+    if not text.startswith("/") or any(ch in text for ch in ":,\n\r\x00"):
+        example = "/root/.cache/huggingface" if option == "hf_cache" else "/root/.cache/vllm"
+        raise EngineModelError(
+            _err(
+                "vllm_service_" + option,
+                path,
+                "is not an absolute directory without ':' ',' or line breaks",
+                "Give a directory on the node such as %s." % example,
+            )
+        )
+    return text
+
+
 def container_prefix(
     settings: Dict[str, Any],
     name: str,
@@ -65,8 +83,9 @@ def container_prefix(
     if gpus:
         argv += ["--gpus", str(gpus)] if kind == "docker" else ["--device", "nvidia.com/gpu=%s" % gpus]
     argv += ["-v", "%s:%s:ro" % (model_path, model_path)]
-    if settings.get("hf_cache"):
-        argv += ["-v", "%s:%s" % (settings["hf_cache"], HF_CACHE_IN_CONTAINER)]
+    for option, inside in (("hf_cache", HF_CACHE_IN_CONTAINER), ("vllm_cache", VLLM_CACHE_IN_CONTAINER)):
+        if settings.get(option):
+            argv += ["-v", "%s:%s" % (_mount_source(option, settings[option]), inside)]
     if secrets_file:
         argv += ["-v", "%s:%s:ro" % (secrets_file, SECRETS_IN_CONTAINER)]
     for key in sorted(env_names):

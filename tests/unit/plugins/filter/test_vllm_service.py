@@ -25,6 +25,7 @@ DOCKER = dict(
     container_gpus="all",
     container_options=["--ulimit", "memlock=-1"],
     hf_cache="/root/.cache/huggingface",
+    vllm_cache="/root/.cache/vllm",
 )
 
 
@@ -243,6 +244,8 @@ def test_docker_command_reads_secrets_from_the_mounted_file_not_env():
         "-v",
         "/root/.cache/huggingface:/root/.cache/huggingface",
         "-v",
+        "/root/.cache/vllm:/root/.cache/vllm",
+        "-v",
         "/etc/uma-vllm/engines/e.container.env:/run/uma-vllm/secrets.env:ro",
         "-e",
         "VLLM_CPU_KVCACHE_SPACE",
@@ -318,6 +321,26 @@ def test_shell_env_is_sourced_literally(tmp_path):
     assert {k: env[k] for k in secrets} == secrets
     with pytest.raises(Exception, match="not an environment variable name"):
         vs.shell_env({"BAD-NAME": "x"})
+
+
+def test_the_vllm_cache_is_mounted_where_vllm_looks_and_can_be_left_out():
+    """A restarted engine's new container finds vLLM's cache of the last one (torch.compile
+    artifacts, the model registry's inspection: ~10 s of CPU per rank on the lab's CPUs)."""
+    e = one("ai1")
+    words = vs.launch_config(e, plan([]), DOCKER, {})["command"]
+    assert words[words.index("/root/.cache/vllm:/root/.cache/vllm") - 1] == "-v"
+    for off in ("", None):
+        words = vs.launch_config(e, plan([]), dict(DOCKER, vllm_cache=off), {})["command"]
+        assert not any(".cache/vllm" in word for word in words)
+
+
+@pytest.mark.parametrize("option", ["hf_cache", "vllm_cache"])
+@pytest.mark.parametrize("bad", ["cache/vllm", "/srv/a:b", "/srv/a,b", "/srv/a\nb"])
+def test_a_cache_directory_docker_would_misread_is_refused_naming_the_option(option, bad):
+    with pytest.raises(Exception) as err:
+        vs.launch_config(one("ai1"), plan([]), dict(DOCKER, **{option: bad}), {})
+    message = str(err.value)
+    assert "vllm_service_" + option in message and "Give a directory on the node" in message
 
 
 def test_container_engine_command_may_take_the_model_by_flag():
