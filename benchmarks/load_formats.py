@@ -27,7 +27,8 @@ Formats (``--formats``, default every one that runs here):
 * ``runai``: ``--load-format runai_streamer`` (the Run:ai model streamer's concurrent reads into
   its own buffers). Its package (``runai-model-streamer``, vLLM's ``[runai]`` extra) is not in
   the lab venv: ``--runai-dir DIR`` is a ``pip install --target DIR runai-model-streamer``
-  put on the engine's PYTHONPATH (``--install-runai`` makes it from the package index).
+  put on the engine's PYTHONPATH (``--install-runai`` makes it from the package index, with
+  ``--no-deps`` and ``humanize``: torch and numpy stay the venv's).
 
 Not run here, and why (printed with the table): ``fastsafetensors`` (vLLM 0.32's iterator puts
 every tensor on ``cuda:N``: it needs a GPU); ``tensorizer``, ``sharded_state``, ``npcache``
@@ -82,6 +83,8 @@ NOT_RUN = {
 ENGINE_ARGS = ["--enforce-eager", "--max-model-len", "512", "--max-num-seqs", "4"]
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}
 LOAD_RE = re.compile(r"Loading weights took ([0-9.]+) seconds")
+# the Run:ai streamer says no "Loading weights took"; its progress bar's last line has the elapsed time
+RUNAI_RE = re.compile(r"Loading safetensors using Runai Model Streamer: 100% Completed \| [0-9]+/[0-9]+ \[(\d+):(\d+)<")
 # what the table shows: key -> (heading, digits)
 COLUMNS: List[Tuple[str, str, int]] = [
     ("healthy_s", "to /health 200 s", 1),
@@ -98,8 +101,10 @@ COLUMNS: List[Tuple[str, str, int]] = [
 
 
 def load_seconds(text: str) -> Optional[float]:
-    """vLLM's "Loading weights took X seconds" (the largest, over every rank that said it)."""
+    """vLLM's "Loading weights took X seconds" (the largest, over every rank that said it), or the
+    Run:ai streamer's elapsed time (whole seconds) from its progress bar."""
     found = [float(value) for value in LOAD_RE.findall(text)]
+    found += [int(minutes) * 60.0 + int(seconds) for minutes, seconds in RUNAI_RE.findall(text)]
     return max(found) if found else None
 
 
@@ -356,14 +361,16 @@ def machine_line(venv: str) -> str:
 
 
 def install_runai(target: str) -> None:
+    """The streamer and its one dependency the lab venv lacks (torch and numpy are the venv's own)."""
     subprocess.run(
-        [os.path.join(VENV, "bin", "python"), "-m", "pip", "install", "-q", "--target", target, "runai-model-streamer"],
+        [os.path.join(VENV, "bin", "python"), "-m", "pip", "install", "-q", "--no-deps", "--target", target,
+         "runai-model-streamer", "humanize"],
         check=True,
-    )
+    )  # fmt: skip
 
 
 def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, from: %s" % ", ".join(FORMATS))
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--warm", action="store_true", help="also warm starts (the shards in the page cache)")

@@ -167,6 +167,20 @@ options:
       - Default is what vLLM picks on CUDA, 16 (64 for MLA); hybrid mamba models raise it so one
         attention page holds one mamba state, as vLLM does.
     type: int
+  load_format:
+    description:
+      - How vLLM reads the checkpoint, emitted as C(--load-format) (C(auto) mapped safetensors, C(runai_streamer),
+        C(fastsafetensors), ...). Unset, vLLM's default (C(auto)).
+      - Refused, naming the release, when the target vLLM release has no such format. RV(load) says what the format
+        does with the page cache and the package it needs in the image.
+      - A flag the planner owns, so C(--load-format) in O(extra_args) is refused.
+    type: str
+  safetensors_load_strategy:
+    description:
+      - How the safetensors formats read each file (vLLM 0.11 and later), emitted as C(--safetensors-load-strategy).
+        C(lazy) maps the file, C(eager) reads it whole into memory first.
+      - Refused with a O(load_format) other than C(auto) or C(safetensors), and for a release before 0.11.
+    type: str
   mamba_cache_mode:
     description:
       - Mamba state caching of hybrid models. Defaults to vLLM's (C(align) from 0.26, where prefix
@@ -349,6 +363,29 @@ expected_log:
   type: list
   elements: str
   sample: ["GPU KV cache size: 188,512 tokens", "Maximum concurrency for 32,768 tokens per request: 5.75x"]
+load:
+  description: How the engine reads the checkpoint, from O(load_format) and O(safetensors_load_strategy).
+  returned: success
+  type: dict
+  contains:
+    format:
+      description: The load format (C(auto) when unset).
+      type: str
+    strategy:
+      description: The safetensors load strategy given, or null (vLLM's default).
+      type: str
+    page_cache:
+      description:
+        - What the load does with the page cache, C(mapped) (the checkpoint is mapped and read through it while
+          weights load), C(read) (each file is read whole first) or C(own) (the format reads with its own buffers).
+      type: str
+    package:
+      description: The Python package (import name) the image must hold for the format, or null.
+      type: str
+    gpu:
+      description: Whether the format reads onto a CUDA device (it fails without one).
+      type: bool
+  sample: {"format": "auto", "strategy": null, "page_cache": "mapped", "package": null, "gpu": false}
 model:
   description: What the planner read from the model config.
   returned: success
@@ -396,6 +433,8 @@ ARGUMENT_SPEC = dict(
     dtype=dict(type="str", default="auto", choices=["auto", "bfloat16", "float16", "float32"]),
     kv_cache_dtype=dict(type="str", default="auto"),
     block_size=dict(type="int"),
+    load_format=dict(type="str"),
+    safetensors_load_strategy=dict(type="str"),
     mamba_cache_mode=dict(type="str", choices=["none", "align"]),
     mamba_cache_dtype=dict(type="str"),
     mamba_ssm_cache_dtype=dict(type="str"),

@@ -35,6 +35,8 @@ def test_vllms_load_line_is_read_and_the_slowest_rank_counts(lf):
     )
     assert lf.load_seconds(text) == 1.56
     assert lf.load_seconds("no such line") is None
+    runai = "Loading safetensors using Runai Model Streamer: 100% Completed | 85/85 [01:02<00:00, 36.75it/s]\n"
+    assert lf.load_seconds(runai) == 62.0
 
 
 def test_disk_reads_come_from_the_devices_sectors_read(lf):

@@ -108,6 +108,10 @@ class PlanContext:
     in_flight_tokens: int = 0
     # the KV cache manager's rules for this release
     mamba_cache_mode: str = "none"
+    # how vLLM reads the checkpoint (load_format, safetensors_load_strategy; None: vLLM's default)
+    load_format: Optional[str] = None
+    load_strategy: Optional[str] = None
+    load: Dict[str, Any] = field(default_factory=dict)
     hybrid_manager: bool = True
     group_size_rule: str = ""
     check: str = ""

@@ -56,6 +56,7 @@ def resolve_inputs(params: Dict[str, Any]) -> PlanContext:
     _resolve_max_model_len(ctx)
     _resolve_batching(ctx)
     ctx.extra_args = _extra_args(params, ctx.version, ctx.warnings)
+    _resolve_load(ctx)
     _resolve_mamba(ctx)
     _resolve_engine_switches(ctx)
     _resolve_kv_budget_options(ctx)
@@ -299,6 +300,39 @@ def _mamba_mode(ctx: PlanContext) -> str:
             "Use 'none' or 'align' (the 'all' mode is not modelled).",
         )
     return mamba_mode
+
+
+def _resolve_load(ctx: PlanContext) -> None:
+    """load_format / safetensors_load_strategy: each known to the target release (refused naming
+    it), the strategy only with a safetensors format; what the load does with the page cache."""
+    params = ctx.params
+    fmt = params.get("load_format")
+    strategy = params.get("safetensors_load_strategy")
+    row = versions.load_choice("load_format", versions.LOAD_FORMATS, fmt, ctx.version) if fmt is not None else None
+    ctx.load_format = fmt
+    page_cache = row["page_cache"] if row else "mapped"
+    if strategy is not None:
+        srow = versions.load_choice(
+            "safetensors_load_strategy", versions.SAFETENSORS_LOAD_STRATEGIES, strategy, ctx.version
+        )
+        if fmt not in (None, "auto", "safetensors"):
+            raise UmaError(
+                "safetensors_load_strategy",
+                strategy,
+                "applies to the safetensors formats only, not load_format %s" % fmt,
+                "Give load_format auto or safetensors with it, or leave it unset.",
+            )
+        ctx.load_strategy = strategy
+        page_cache = srow["page_cache"]
+    ctx.load = {
+        "format": fmt or "auto",
+        "strategy": ctx.load_strategy,
+        "page_cache": page_cache,
+        "package": row["package"] if row else None,
+        "gpu": bool(row and row["gpu"]),
+    }
+    if ctx.load["gpu"]:
+        ctx.warnings.append("load_format %s reads onto a CUDA device (vLLM's loader): every rank needs one" % fmt)
 
 
 def _resolve_mamba(ctx: PlanContext) -> None:

@@ -54,6 +54,10 @@ def _add_sizes(argv: _Argv, ctx: PlanContext, gmu: Optional[float]) -> None:
     add("--max-model-len", ctx.max_model_len)
     add("--max-num-seqs", ctx.max_num_seqs)
     add("--max-num-batched-tokens", ctx.max_num_batched_tokens)
+    if ctx.load_format is not None:
+        add("--load-format", ctx.load_format)
+    if ctx.load_strategy is not None:
+        add("--safetensors-load-strategy", ctx.load_strategy)
     if ctx.kv_dtype_name != "auto":
         add("--kv-cache-dtype", ctx.kv_dtype_name)
     if ctx.user_block_size is not None:
@@ -138,6 +142,7 @@ def plan_result(ctx: PlanContext, argv: List[str], budget: Dict[str, Any], log_l
         "budget": budget,
         "expected_log": log_lines,
         "warnings": ctx.warnings,
+        "load": dict(ctx.load),
         "msg": budget_table(budget, ctx, desc),
         "model": {
             "architecture": desc["architecture"],

@@ -200,6 +200,7 @@ FLAGS: Dict[str, Any] = {
     "--enable-chunked-prefill": ((0, 5, 0), None),
     "--seed": ((0, 5, 0), None),
     "--load-format": ((0, 5, 0), None),
+    "--safetensors-load-strategy": ((0, 11, 0), None),
     "--quantization": ((0, 5, 0), None),
 }
 
@@ -226,6 +227,8 @@ PLANNED_FLAGS = (
     "--data-parallel-address",
     "--data-parallel-rpc-port",
     "--data-parallel-start-rank",
+    "--load-format",
+    "--safetensors-load-strategy",
 )
 
 # Short aliases vLLM also accepts for planned flags (engine/arg_utils.py).
@@ -294,3 +297,67 @@ KV_CACHE_DTYPES: Dict[str, Tuple[Version, Optional[int]]] = {
     "bfloat16": ((0, 11, 0), 2),
     "float16": ((0, 18, 0), 2),
 }
+
+
+# --load-format: how vLLM reads the checkpoint (LoadFormat in config.py, later the loader registry
+# in model_executor/model_loader/__init__.py). name -> (since, until), and what the format does with
+# the page cache of a unified-memory node, the package the image must hold (the import name) and
+# whether it needs a CUDA device:
+#   "mapped": the checkpoint's pages are mapped and read through the page cache while weights load
+#             (the case the guard exists for);
+#   "read":   the files are read (into the page cache and the loader's memory) before weights load;
+#   "own":    the format reads with its own buffers (not mapped).
+LOAD_FORMATS: Dict[str, Dict[str, Any]] = {
+    "auto": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "safetensors": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "pt": {"rows": ((0, 5, 0), None), "page_cache": "read", "package": None, "gpu": False},
+    "npcache": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "dummy": {"rows": ((0, 5, 0), None), "page_cache": "own", "package": None, "gpu": False},
+    "tensorizer": {"rows": ((0, 5, 0), None), "page_cache": "own", "package": "tensorizer", "gpu": False},
+    "sharded_state": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "mistral": {"rows": ((0, 8, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "runai_streamer": {"rows": ((0, 8, 0), None), "page_cache": "own", "package": "runai_model_streamer", "gpu": False},
+    "fastsafetensors": {"rows": ((0, 8, 0), None), "page_cache": "own", "package": "fastsafetensors", "gpu": True},
+}
+
+# --safetensors-load-strategy (config/load.py SafetensorsLoadStrategy, from 0.11): how the
+# safetensors formats (auto, safetensors) read each file. name -> (since, until), page cache as above.
+SAFETENSORS_LOAD_STRATEGIES: Dict[str, Dict[str, Any]] = {
+    "lazy": {"rows": ((0, 11, 0), None), "page_cache": "mapped"},
+    "eager": {"rows": ((0, 11, 0), None), "page_cache": "read"},
+}
+
+
+def _in_rows(rows: Any, version: Version) -> bool:
+    ranges = list(rows) if isinstance(rows, list) else [rows]
+    return any(version >= since and (until is None or version < until) for since, until in ranges)
+
+
+def _rows_text(rows: Any) -> str:
+    ranges = list(rows) if isinstance(rows, list) else [rows]
+    return ", ".join(
+        ">= %s" % vstr(since) if until is None else "%s to %s" % (vstr(since), _before(until))
+        for since, until in ranges
+    )
+
+
+def load_choice(option: str, table: Dict[str, Dict[str, Any]], value: Any, version: Version) -> Dict[str, Any]:
+    """The row of ``value`` in ``table`` (LOAD_FORMATS or SAFETENSORS_LOAD_STRATEGIES), refused
+    naming the release when that release lacks it."""
+    known = ", ".join(sorted(name for name, row in table.items() if _in_rows(row["rows"], version)))
+    if not isinstance(value, str) or value not in table:
+        raise UmaError(
+            option,
+            value,
+            "is not a value the planner knows (vLLM %s has: %s)" % (vstr(version), known or "none"),
+            "Give one of them, or leave it unset for vLLM's default.",
+        )
+    row = table[value]
+    if not _in_rows(row["rows"], version):
+        raise UmaError(
+            option,
+            value,
+            "is not in vLLM %s (it exists in %s)" % (vstr(version), _rows_text(row["rows"])),
+            "Give one of %s, or target a vLLM release that has it." % (known or "none (leave it unset)"),
+        )
+    return row
