@@ -97,17 +97,12 @@ restore_knobs() {
   [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
   exit "$status"
 }
-kill_tree() {
-  local child
-  for child in $(pgrep -P "$1" || true); do kill_tree "$child"; done
-  kill "$1" 2>/dev/null || true
-}
-# At the end, and after a failed stage: no background stage is left running, and the knobs are
-# restored (UMA_KEEP_KNOBS=1 skips that, for a run beside another one that owns the knobs).
+# At the end, and after a failed stage: a background stage still running is waited for, not killed
+# (the lab's build mounts an overlay and fills a venv: stopped half-way it would leave both behind),
+# and the knobs are restored (UMA_KEEP_KNOBS=1 skips that, for a run beside another one that owns them).
 on_exit() {
-  local status=$?
-  local pid
-  for pid in "${background[@]}"; do kill_tree "$pid"; done
+  local status=$? pid
+  for pid in "${background[@]}"; do wait "$pid" 2>/dev/null || true; done
   [ "${UMA_KEEP_KNOBS:-0}" = 1 ] || restore_knobs "$status"
   exit "$status"
 }
