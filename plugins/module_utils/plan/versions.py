@@ -299,17 +299,22 @@ KV_CACHE_DTYPES: Dict[str, Tuple[Version, Optional[int]]] = {
 }
 
 
-# --load-format: how vLLM reads the checkpoint (LoadFormat in config.py, later the loader registry
-# in model_executor/model_loader/__init__.py). name -> (since, until), and what the format does with
-# the page cache of a unified-memory node, the package the image must hold (the import name) and
-# whether it needs a CUDA device:
-#   "mapped": the checkpoint's pages are mapped and read through the page cache while weights load
-#             (the case the guard exists for);
-#   "read":   the files are read (into the page cache and the loader's memory) before weights load;
-#   "own":    the format reads with its own buffers (not mapped).
+# --load-format: how vLLM reads the checkpoint (LoadFormat in config.py until 0.10, then the loader
+# registry in model_executor/model_loader/__init__.py), read off the sources of 0.8.5, 0.11.0, 0.13.0,
+# 0.21.0, 0.25.1, 0.28.0, 0.30.0, 0.31.0 and 0.32.0; a format is dated to the first of them that has it
+# (0.8.0: present in 0.8.5, start not checked). The quantization-bound formats (bitsandbytes until
+# 0.28, gguf until 0.25) are chosen by --quantization and are not offered here. name -> rows (since,
+# until), what the format does with the page cache of a unified-memory node, the package the image
+# must hold (its import name) and whether it reads onto a CUDA device:
+#   "mapped": the checkpoint is mapped and read through the page cache while weights load (the case
+#             the guard exists for);
+#   "read":   each file is read whole (through the page cache) before its weights are taken;
+#   "own":    the format reads with its own buffers; benchmarks/load_formats.py found none of the
+#             Run:ai streamer's reads in the page cache (vLLM 0.32 CPU, the lab).
 LOAD_FORMATS: Dict[str, Dict[str, Any]] = {
     "auto": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "safetensors": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
+    "hf": {"rows": ((0, 21, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "pt": {"rows": ((0, 5, 0), None), "page_cache": "read", "package": None, "gpu": False},
     "npcache": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "dummy": {"rows": ((0, 5, 0), None), "page_cache": "own", "package": None, "gpu": False},
@@ -317,14 +322,23 @@ LOAD_FORMATS: Dict[str, Dict[str, Any]] = {
     "sharded_state": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "mistral": {"rows": ((0, 8, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "runai_streamer": {"rows": ((0, 8, 0), None), "page_cache": "own", "package": "runai_model_streamer", "gpu": False},
+    "runai_streamer_sharded": {
+        "rows": ((0, 11, 0), None),
+        "page_cache": "own",
+        "package": "runai_model_streamer",
+        "gpu": False,
+    },
     "fastsafetensors": {"rows": ((0, 8, 0), None), "page_cache": "own", "package": "fastsafetensors", "gpu": True},
+    "instanttensor": {"rows": ((0, 21, 0), None), "page_cache": "own", "package": "instanttensor", "gpu": True},
 }
 
-# --safetensors-load-strategy (config/load.py SafetensorsLoadStrategy, from 0.11): how the
-# safetensors formats (auto, safetensors) read each file. name -> (since, until), page cache as above.
+# --safetensors-load-strategy (config/load.py, from 0.11): how the safetensors formats (auto,
+# safetensors) read each file; prefetch is in 0.21.0 (not in 0.13.0). torchao (torchao-quantized
+# checkpoints) is not offered here.
 SAFETENSORS_LOAD_STRATEGIES: Dict[str, Dict[str, Any]] = {
     "lazy": {"rows": ((0, 11, 0), None), "page_cache": "mapped"},
     "eager": {"rows": ((0, 11, 0), None), "page_cache": "read"},
+    "prefetch": {"rows": ((0, 21, 0), None), "page_cache": "read"},
 }
 
 

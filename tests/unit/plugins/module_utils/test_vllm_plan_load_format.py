@@ -55,7 +55,7 @@ def test_a_format_is_emitted_with_what_it_does(fmt, page_cache, package, gpu):
     assert any("CUDA device" in w for w in result["warnings"]) is gpu
 
 
-@pytest.mark.parametrize("strategy, page_cache", [("eager", "read"), ("lazy", "mapped")])
+@pytest.mark.parametrize("strategy, page_cache", [("eager", "read"), ("lazy", "mapped"), ("prefetch", "read")])
 def test_a_strategy_is_emitted_and_changes_the_page_cache_said(strategy, page_cache):
     result = plan_mod.plan(params(load_format="auto", safetensors_load_strategy=strategy))
     assert flag_value(result["argv"], "--safetensors-load-strategy") == strategy
@@ -85,6 +85,22 @@ def test_a_format_the_release_lacks_is_refused_naming_the_release():
     older = "%d.%d.%d" % (since[0], since[1] - 1, 0)
     with pytest.raises(UmaError) as err:
         plan_mod.plan(params(load_format="runai_streamer", vllm_version=older))
+    assert "is not in vLLM %s" % older in err.value.message
+
+
+@pytest.mark.parametrize(
+    "option, value, older, newer",
+    [
+        ("safetensors_load_strategy", "prefetch", "0.13.0", "0.21.0"),
+        ("load_format", "instanttensor", "0.13.0", "0.21.0"),
+        ("load_format", "runai_streamer_sharded", "0.10.2", "0.11.0"),
+    ],
+)
+def test_what_the_release_sources_showed(option, value, older, newer):
+    """Dated from the releases' sources (versions.py): absent in the older, present in the newer."""
+    assert plan_mod.plan(params(**{option: value, "vllm_version": newer}))["load"]
+    with pytest.raises(UmaError) as err:
+        plan_mod.plan(params(**{option: value, "vllm_version": older}))
     assert "is not in vLLM %s" % older in err.value.message
 
 
