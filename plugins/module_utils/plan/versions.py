@@ -246,26 +246,34 @@ FLAG_ALIASES = {
 }
 
 
-def _ranges(flag: str) -> List[Tuple[Version, Optional[Version]]]:
-    row = FLAGS[flag]
-    return list(row) if isinstance(row, list) else [row]
+def _ranges(rows: Any) -> List[Tuple[Version, Optional[Version]]]:
+    """A table's rows: one (since, until) or a list of them (a flag that went and came back)."""
+    return list(rows) if isinstance(rows, list) else [rows]
+
+
+def in_ranges(rows: Any, version: Version) -> bool:
+    return any(version >= since and (until is None or version < until) for since, until in _ranges(rows))
+
+
+def ranges_text(rows: Any) -> str:
+    parts = []
+    for since, until in _ranges(rows):
+        if until is None:
+            parts.append("vLLM >= %s" % vstr(since))
+        else:
+            parts.append("vLLM %s to %s (removed in %s)" % (vstr(since), _before(until), vstr(until)))
+    return " and ".join(parts)
 
 
 def flag_supported(flag: str, version: Version) -> Optional[bool]:
     """True/False when the table knows the flag, None when it does not."""
     if flag not in FLAGS:
         return None
-    return any(version >= since and (until is None or version < until) for since, until in _ranges(flag))
+    return in_ranges(FLAGS[flag], version)
 
 
 def flag_range_text(flag: str) -> str:
-    parts = []
-    for since, until in _ranges(flag):
-        if until is None:
-            parts.append("vLLM >= %s" % vstr(since))
-        else:
-            parts.append("vLLM %s to %s (removed in %s)" % (vstr(since), _before(until), vstr(until)))
-    return " and ".join(parts)
+    return ranges_text(FLAGS[flag])
 
 
 def _before(version: Version) -> str:
@@ -342,23 +350,10 @@ SAFETENSORS_LOAD_STRATEGIES: Dict[str, Dict[str, Any]] = {
 }
 
 
-def _in_rows(rows: Any, version: Version) -> bool:
-    ranges = list(rows) if isinstance(rows, list) else [rows]
-    return any(version >= since and (until is None or version < until) for since, until in ranges)
-
-
-def _rows_text(rows: Any) -> str:
-    ranges = list(rows) if isinstance(rows, list) else [rows]
-    return ", ".join(
-        ">= %s" % vstr(since) if until is None else "%s to %s" % (vstr(since), _before(until))
-        for since, until in ranges
-    )
-
-
 def load_choice(option: str, table: Dict[str, Dict[str, Any]], value: Any, version: Version) -> Dict[str, Any]:
     """The row of ``value`` in ``table`` (LOAD_FORMATS or SAFETENSORS_LOAD_STRATEGIES), refused
     naming the release when that release lacks it."""
-    known = ", ".join(sorted(name for name, row in table.items() if _in_rows(row["rows"], version)))
+    known = ", ".join(sorted(name for name, row in table.items() if in_ranges(row["rows"], version)))
     if not isinstance(value, str) or value not in table:
         raise UmaError(
             option,
@@ -367,11 +362,11 @@ def load_choice(option: str, table: Dict[str, Dict[str, Any]], value: Any, versi
             "Give one of them, or leave it unset for vLLM's default.",
         )
     row = table[value]
-    if not _in_rows(row["rows"], version):
+    if not in_ranges(row["rows"], version):
         raise UmaError(
             option,
             value,
-            "is not in vLLM %s (it exists in %s)" % (vstr(version), _rows_text(row["rows"])),
+            "is not in vLLM %s (it exists in %s)" % (vstr(version), ranges_text(row["rows"])),
             "Give one of %s, or target a vLLM release that has it." % (known or "none (leave it unset)"),
         )
     return row

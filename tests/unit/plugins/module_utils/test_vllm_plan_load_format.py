@@ -68,7 +68,7 @@ def test_a_strategy_is_emitted_and_changes_the_page_cache_said(strategy, page_ca
         ({"load_format": "zip"}, "load_format", "is not a value the planner knows (vLLM 0.32.0 has: auto,"),
         ({"load_format": 3}, "load_format", "is not a value the planner knows"),
         ({"safetensors_load_strategy": "eager", "vllm_version": "0.10.2"}, "safetensors_load_strategy",
-         "is not in vLLM 0.10.2 (it exists in >= 0.11.0)"),
+         "is not in vLLM 0.10.2 (it exists in vLLM >= 0.11.0)"),
         ({"safetensors_load_strategy": "eager", "load_format": "runai_streamer"}, "safetensors_load_strategy",
          "applies to the safetensors formats only, not load_format runai_streamer"),
         ({"safetensors_load_strategy": "whole"}, "safetensors_load_strategy", "is not a value the planner knows"),
