@@ -86,6 +86,38 @@ lab() {
     log "the tiny Llama model (.cache/lab/models/tiny-1g)"
     .venv/bin/python lab/make_model.py --out .cache/lab/models/tiny-1g --shards 4 --pad-gib 1 >/dev/null
   fi
+  [ "$want_vllm" = 0 ] || engine_image
+}
+
+# The container runtime's images (lab/build-engine-image.sh) and the 3.9 GB engine image loaded
+# into the lab's node volumes uma-lab-ai{1,2}-docker, which the quick-start test, lab/up.sh --runtime
+# container and molecule/cluster_container use as their image cache (each finds it there and loads
+# nothing). Done here, in tests/all.sh it runs beside the static checks and unit tests instead of
+# inside the integration stage (~4 min measured there). Two throw-away nodes (uma-setup-ai1/2) do
+# the loading; skipped, and said, while another container uses a volume (a running lab's dockerd:
+# a second one on the same /var/lib/docker would corrupt it). The nodes' boot must leave the
+# machine's vm.* knobs as they were (ai1's /proc/sys is writable): checked, and restored if not.
+engine_image() {
+  local node volume users knob before=()
+  for node in ai1 ai2; do
+    volume="uma-lab-$node-docker"
+    users=$(docker ps --filter "volume=$volume" --format '{{.Names}}' | grep -vx "uma-setup-$node" || true)
+    if [ -n "$users" ]; then
+      log "engine image not preloaded: volume $volume is in use by $users (lab/up.sh --down stops a lab)"
+      bash lab/build-engine-image.sh
+      return
+    fi
+  done
+  for knob in /proc/sys/vm/*; do [ -r "$knob" ] && before+=("$knob=$(cat "$knob" 2>/dev/null)"); done
+  log "the container runtime's images, the engine image loaded into the lab's node volumes"
+  UMA_LAB_PREFIX=uma-setup- UMA_LAB_VOLUME_PREFIX="" UMA_LAB_SETUP=0 bash lab/up.sh --runtime container --nodes-only
+  docker rm -f uma-setup-ai1 uma-setup-ai2 >/dev/null
+  for knob in "${before[@]}"; do
+    if [ "$(cat "${knob%%=*}" 2>/dev/null)" != "${knob#*=}" ]; then
+      log "restoring ${knob%%=*} to ${knob#*=} (changed while the loading nodes ran)"
+      echo "${knob#*=}" >"${knob%%=*}" 2>/dev/null || true
+    fi
+  done
 }
 
 [ "$want_base" = 0 ] || base

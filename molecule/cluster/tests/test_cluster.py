@@ -62,7 +62,7 @@ def test_template_unit_runs_the_launcher_with_restart_limits_and_hardening(host)
         "EnvironmentFile=/etc/uma-vllm/engines/%i.env",
         "SyslogIdentifier=vllm-uma-launch",
         "Restart=on-failure",
-        "RestartSec=10",
+        "RestartSec=3",
         "StartLimitBurst=3",
         "StartLimitIntervalSec=1800",
         "RestartPreventExitStatus=78",

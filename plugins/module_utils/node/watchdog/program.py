@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -82,6 +83,50 @@ def _event_problem(events: List[Any]) -> Optional[str]:
     """events.json is a list of objects (the ones record() writes)."""
     bad = [i for i, e in enumerate(events) if not isinstance(e, dict)]
     return "holds an entry that is not an object (index %d)" % bad[0] if bad else None
+
+
+STAMP_RE = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9]+$")  # a launch record's directory (uma_launch's stamp())
+LAUNCH_RECORD_CAP = 1 << 20
+
+
+def _restarted_since(seen: Optional[int], now: Optional[int]) -> bool:
+    return isinstance(seen, int) and isinstance(now, int) and now > seen
+
+
+def _launch_record(path: str) -> Optional[Dict[str, Any]]:
+    """A launcher's launch.json, read-only (never renamed: it is the launcher's file), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            record = json.loads(fh.read(LAUNCH_RECORD_CAP + 1).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def last_launch_exit(state_dir: str, engine: str) -> Optional[int]:
+    """The exit code the launcher recorded for this engine's run that ended last, or None.
+
+    ``<state_dir>/launches/<engine>/<stamp>/launch.json``: the running launch's record has no exit
+    code yet (``exit_code`` null), the one before it has the code its launcher exited with. Only the
+    two newest records (by their start time) are read: a run killed before it wrote its code (SIGKILL
+    of the launcher) must not be reported with an older run's code."""
+    base = os.path.join(state_dir, "launches", engine)
+    try:
+        names = sorted((n for n in os.listdir(base) if STAMP_RE.match(n)), reverse=True)[:4]
+    except OSError:
+        return None
+    records = [r for r in (_launch_record(os.path.join(base, n, "launch.json")) for n in names) if r is not None]
+
+    def started(record: Dict[str, Any]) -> float:
+        t = record.get("started_at_epoch")
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    for record in sorted(records, key=started, reverse=True)[:2]:
+        code = record.get("exit_code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            return code
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -150,6 +195,7 @@ class Watchdog:
             self.server = probes.StatusServer(cfg["status_bind"], cfg["status_port"], self.key, self.say)
         self.publish_phase: Optional[str] = None
         self.last_exit: Optional[int] = None
+        self.n_restarts_seen: Optional[int] = None  # NRestarts at the last tick, to see a restart between ticks
         self._started = clock()
         self.ticks = 0
         self.write_errors: Set[str] = set()
@@ -276,6 +322,15 @@ class Watchdog:
             if status.isdigit() and int(status) != 0 and obs["unit"] != "active":
                 # the last failed exit (e.g. 69 from the rank link), kept over the restart that follows
                 self.last_exit = int(status)
+            if _restarted_since(self.n_restarts_seen, obs["n_restarts"]):
+                # systemd restarted the unit since the last tick: with a RestartSec shorter than a tick the
+                # failed run was never seen inactive, and ExecMainStatus is now the new run's (0); the
+                # launcher's own record of the run that ended still says how it ended
+                code = last_launch_exit(cfg["state_dir"], self.engine)
+                if code:
+                    self.last_exit = code
+            if obs["n_restarts"] is not None:
+                self.n_restarts_seen = obs["n_restarts"]
             obs["exit_status"] = self.last_exit
             obs["local"] = probes.check_local(cfg, show, self.systemd.runner)
         except UmaError as err:
