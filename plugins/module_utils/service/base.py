@@ -8,7 +8,7 @@ re-exports these names) and service/container.py. Controller only."""
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Dict, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import ENV_NAME_RE
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.paths import ENGINE_NAME_PATTERN
@@ -31,8 +31,12 @@ VLLM_CACHE_IN_CONTAINER = "/root/.cache/vllm"
 CONTAINER_PREFIX = "uma-vllm-"
 DEFAULT_MASTER_PORT = 29501
 DEFAULT_RAY_PORT = 6379
-# The launchers' rank link (plugins/module_utils/node/cluster/ranks.py) listens on rank 0 at master_port + this.
+# The ports a multi-node engine derives from its master_port (each overridable where named):
+# the launchers' rank link (plugins/module_utils/node/cluster/ranks.py) on rank 0 (link_port), the
+# watchdogs' status on every node (watchdog_port), rank 0's model copy to the other ranks (model_copy)
 LINK_PORT_OFFSET = 10
+STATUS_PORT_OFFSET = 11
+COPY_PORT_OFFSET = 12
 # Issue 19 item 6: a container engine's secrets are not `-e NAME` (docker/podman inspect shows
 # Config.Env): the container reads them from its 0600 file, bind-mounted read-only here, and a
 # /bin/sh entrypoint exports them before it execs the engine.
@@ -55,3 +59,42 @@ def api_url(host: Any, port: Any, path: str = "/health") -> str:
     if ":" in host:
         host = "[%s]" % host
     return "http://%s:%s%s" % (host, port, path)
+
+
+def node_ports(engine: Dict[str, Any]) -> Dict[int, Tuple[str, str]]:
+    """The TCP ports an engine listens on on this node: port -> (the engine key that sets it, what listens).
+
+    ``engine`` as ``engines.host_engines`` gives it (``cluster`` set for a multi-node engine, with
+    this node's rank): the API on rank 0 (or the single node); on rank 0 of a multi-node engine the
+    torch.distributed store (master_port), the rank link and the model copy, and Ray's head with
+    the Ray backend; on every node of it the watchdogs' status port. A value that is not a port
+    number is left out (the engine's own checks name it)."""
+    ports: Dict[int, Tuple[str, str]] = {}
+
+    def claim(value: Any, key: str, what: str) -> None:
+        if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535:
+            ports.setdefault(value, (key, what))
+
+    cluster = engine.get("cluster")
+    if engine.get("api_rank", True):
+        claim(engine.get("port"), "port", "API")
+    if isinstance(cluster, dict):
+        master = cluster.get("master_port")
+        master = master if isinstance(master, int) and not isinstance(master, bool) else None
+        if engine.get("watchdog_port"):
+            claim(engine.get("watchdog_port"), "watchdog_port", "watchdog status")
+        elif master:
+            claim(
+                master + STATUS_PORT_OFFSET,
+                "master_port",
+                "watchdog status (master_port + %d)" % STATUS_PORT_OFFSET,
+            )
+        if cluster.get("rank") == 0:
+            claim(master, "master_port", "torch.distributed store")
+            link_key = "link_port" if engine.get("link_port") else "master_port"
+            claim(cluster.get("link_port"), link_key, "rank link")
+            if master:
+                claim(master + COPY_PORT_OFFSET, "master_port", "model copy (master_port + %d)" % COPY_PORT_OFFSET)
+            if cluster.get("backend") == "ray":
+                claim(cluster.get("ray_port"), "ray_port", "Ray head")
+    return ports

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import SECRET_ENV_RE, SECRET_FLAGS
 from ansible_collections.uma.vllm.plugins.module_utils.node.cluster.ranks import strip_flags
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
+    COPY_PORT_OFFSET,
     DEFAULT_MASTER_PORT,
     DEFAULT_RAY_PORT,
     ENV_RE,
@@ -34,10 +35,12 @@ from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     MULTINODE_WITH_VALUE,
     NAME_RE,
     SOURCE_SECRETS,
+    STATUS_PORT_OFFSET,
     WILDCARD_HOSTS,
     EngineModelError,
     _err,
     api_url,
+    node_ports,
 )
 from ansible_collections.uma.vllm.plugins.module_utils.service.container import (
     _container_command,
@@ -211,7 +214,64 @@ def check(
         nodes = engine.get("nodes") or []
         if nodes:
             errors.extend(_check_nodes(where, engine, nodes, known, addrs, settings))
+    errors.extend(shared_port_errors([e for e in engines if isinstance(e, dict) and e.get("state") != "absent"]))
     return errors
+
+
+def shared_port_errors(engines: List[Dict[str, Any]]) -> List[str]:
+    """Issue 34 item 4: two engines on this node never listen on one port. Their API ports are
+    checked by _check_port; here every other port (base.node_ports), each collision named with both
+    engines and a free value. Two multi-node engines on one pair with the default master_port
+    (29501) collide on all of master_port + 0, 10, 11 and 12: one message per engine key."""
+    claims = [(engine, node_ports(engine)) for engine in engines]
+    taken = {port for _engine, ports in claims for port in ports}
+    owner: Dict[int, Tuple[str, str, str]] = {}
+    errors: List[str] = []
+    said = set()
+    for engine, ports in claims:
+        name = str(engine.get("name"))
+        for port, (key, what) in sorted(ports.items()):
+            if port not in owner:
+                owner[port] = (name, key, what)
+                continue
+            other, _other_key, other_what = owner[port]
+            if other == name or (key == "port" and owner[port][1] == "port") or (name, key) in said:
+                continue
+            said.add((name, key))
+            value = _key_value(engine, key, port)
+            free = _free_port(key, value if isinstance(value, int) else port, taken)
+            errors.append(
+                _err("vllm_service_engines[%s].%s" % (name, key), value,
+                     "puts its %s on port %d of this host, where engine %s's %s listens"
+                     % (what, port, other, other_what),
+                     "Give engine %s its own %s, e.g. %d%s." % (name, key, free, _FOLLOW.get(key, "")))
+            )  # fmt: skip
+    return errors
+
+
+_FOLLOW = {
+    "master_port": " (its rank link, watchdog status and model copy follow at +%d, +%d, +%d)"
+    % (LINK_PORT_OFFSET, STATUS_PORT_OFFSET, COPY_PORT_OFFSET),
+}
+
+
+def _key_value(engine: Dict[str, Any], key: str, port: int) -> Any:
+    cluster = engine.get("cluster") or {}
+    return engine.get(key) or cluster.get(key) or port
+
+
+def _free_port(key: str, port: int, taken: set) -> int:
+    """A value for ``key`` that claims no taken port: master_port moves in steps of 100 (its derived
+    ports with it), any other key to the next free port."""
+    step, span = (
+        (100, (0, LINK_PORT_OFFSET, STATUS_PORT_OFFSET, COPY_PORT_OFFSET)) if key == "master_port" else (1, (0,))
+    )
+    candidate = port + step
+    while candidate + max(span) <= 65535:
+        if not any(candidate + offset in taken for offset in span):
+            return candidate
+        candidate += step
+    return port
 
 
 def _check_name(where: str, engine: Dict[str, Any], index: int, seen_names: Dict[str, int]) -> List[str]:

@@ -26,12 +26,11 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Dict, List, Tuple
 
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import COPY_PORT_OFFSET, STATUS_PORT_OFFSET
 from ansible_collections.uma.vllm.plugins.module_utils.service.engines import EngineModelError
-from ansible_collections.uma.vllm.plugins.module_utils.service.hub_copy import COPY_PORT_OFFSET
 
 TABLE = "uma_vllm"
 PORT_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
-STATUS_PORT_OFFSET = 11  # the watchdogs' status port (plugins/module_utils/service/watchdog.py)
 
 
 def _node_addr(hostvars: Any, host: str) -> Any:

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
+    COPY_PORT_OFFSET,  # after the rank link (+10) and the watchdogs' status (+11)
+)
 from ansible_collections.uma.vllm.plugins.module_utils.service.files import link_key_file
 
 SOURCES = ("rank0", "hub")
-COPY_PORT_OFFSET = 12  # after the rank link (+10) and the watchdogs' status (+11)
 
 
 def source_errors(value: Any) -> List[str]:

@@ -18,7 +18,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
 from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import logic
 from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
-from ansible_collections.uma.vllm.plugins.module_utils.service.base import api_url
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import STATUS_PORT_OFFSET, api_url
 from ansible_collections.uma.vllm.plugins.module_utils.service.engines import EngineModelError, container_name
 from ansible_collections.uma.vllm.plugins.module_utils.service.files import link_key_file
 
@@ -53,7 +53,7 @@ _BOOLEAN_TEXT = {"true": True, "yes": True, "false": False, "no": False}
 # node that serves the API, the workers on the other ranks (VLLM::Worker_TP<n>).
 RANK0_PROCESSES = [{"match": "VLLM::EngineCore", "min": 1}]
 WORKER_PROCESSES = [{"match": "VLLM::Worker", "min": 1}]
-PORT_OFFSET = 11  # status port = the engine's master_port + 11 (the rank link has + 10)
+PORT_OFFSET = STATUS_PORT_OFFSET  # status port = the engine's master_port + 11 (the rank link has + 10)
 
 
 def _addr(hostvars: Any, host: str) -> Optional[str]:
