@@ -77,6 +77,7 @@ VARS = {
     "uma_ram_gib": 23,
     "engine_config": {"engine": "llama", "model_path": "/models/llama-3.1-70b"},
     "hf_token": "hf_notARealToken",
+    "uma_cluster_addr": "192.168.100.11",  # rdma_facts' example; the lab node has no RDMA device: not found
 }
 # Qwen3-32B's published config.json (the values the planner reads), for vllm_flags' file lookup.
 QWEN3_32B = {

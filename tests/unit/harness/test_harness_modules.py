@@ -39,6 +39,7 @@ from ansible_collections.uma.vllm.plugins.modules import (
     node_facts,
     node_files,
     oom_diagnose,
+    rdma_facts,
     readahead_window,
     uma_sysctl,
     vllm_flags,
@@ -50,6 +51,7 @@ from test_drop_cache_loop import FakeGuardSystemd
 from test_readahead_window import FakeSystemd
 
 sys.path.insert(0, os.path.join(HERE, "..", "plugins", "module_utils"))
+import rdma_tree
 from test_model_fetch import StandInHubClient, make_repo
 
 from ansible_collections.uma.vllm.plugins.module_utils.models import copy as _model_copy
@@ -750,6 +752,52 @@ class EngineFacts(Target):
         return None
 
 
+class RdmaFacts(Target):
+    """rdma_facts over the DGX Spark pair node's sysfs tree (tests/unit/fixtures/rdma)."""
+
+    name = "rdma_facts"
+    module = rdma_facts
+    paths = ("sysfs_root", "proc_root")
+    _ib = "sys/class/infiniband/rocep1s0f1"
+    # a damaged sysfs file is a note in the fact, never a refusal; sysfs_root without class/ is refused
+    faults = {
+        _ib + "/ports/1/state": [],
+        _ib + "/ports/1/rate": [],
+        _ib + "/ports/1/gids/3": [],
+        _ib + "/ports/1/gid_attrs/types/3": [],
+        _ib + "/ports/1/gid_attrs/ndevs/0": [],
+        _ib + "/ports": [],
+        _ib + "/device": [],
+        "sys/class/infiniband/roceP2p1s0f1/sys_image_guid": [],
+        "sys/class/infiniband": [],
+        "sys/class/net/enp1s0f1np1/mtu": [],
+        "sys/class": ["sysfs_root"],
+        "proc/net/route": [],
+    }
+
+    def build(self, root):
+        sysfs_root, proc_root = rdma_tree.build(rdma_tree.SPARK, root, rdma_tree.spark_halves)
+        return {"sysfs_root": sysfs_root, "proc_root": proc_root, "cluster_addr": "192.168.177.11"}
+
+    def special(self, data, root, args):
+        value = data.draw(
+            st.sampled_from(["192.168.177.11/24", "192.168.178.11", "10.9.9.9", "192.168.177.11/33", "fe80::1",
+                             "192.168.177", "0.0.0.0", " 192.168.177.11 ", "192.168.177.11/\u0662"])
+        )  # fmt: skip
+        args["cluster_addr"] = value
+        bad = value.strip() not in ("192.168.177.11/24", "192.168.178.11", "10.9.9.9", "192.168.177.11")
+        return args, ["cluster_addr"] if bad else [], False
+
+    def post_check(self, args, result, root):
+        fact = (result.get("ansible_facts") or {}).get("uma_rdma")
+        if result.get("changed") or not isinstance(fact, dict) or not isinstance(fact.get("summary"), str):
+            return "no fact uma_rdma with a summary, or a change reported"
+        cluster = fact.get("cluster")
+        if cluster and cluster["found"] and not isinstance(cluster["gid_index"], int):
+            return "found without a GID index"
+        return None
+
+
 class ModelFetch(Target):
     """model_fetch against a stand-in for the Hub (StandInHubClient over a directory under root)."""
 
@@ -929,6 +977,7 @@ TARGETS = [
     Diagnose(),
     NodeFiles(),
     EngineFacts(),
+    RdmaFacts(),
     ModelFetch(),
     ModelCopy(),
 ]
