@@ -411,6 +411,55 @@ def test_a_gave_up_state_whose_reason_is_not_text_keeps_the_verdict_and_every_ti
 
 
 @pytest.mark.parametrize(
+    "content, said, kept",
+    [
+        ('{"phase": "gave_up", "reason": null, "epoch": 3}', ["reason = null is not text"], {"epoch": 3}),
+        ('{"phase": "healthy", "epoch": true, "acked_stop": "2", "acked_start": 1}',
+         ['epoch = true is not a whole number >= 0', 'acked_stop = "2" is not a whole number >= 0'], {"epoch": 0}),
+        ('{"phase": "stopped", "epoch": -4, "counts": {"restarts": 1.5, "wedges": 2, "later": "x"}}',
+         ["epoch = -4 is not a whole number >= 0", "counts.restarts = 1.5 is not a whole number >= 0"],
+         {"epoch": 0, "counts": {"restarts": 0, "wedges": 2}}),
+        ('{"phase": ["gave_up"], "counts": [1, 2]}',
+         ['phase = ["gave_up"] is not one of starting, healthy', "counts = [1, 2] is not an object of counters"],
+         {"epoch": 0}),
+    ],
+    ids=["gave_up reason null", "epoch true, acked_stop text", "negative epoch, a float count", "phase a list"],
+)  # fmt: skip
+def test_each_field_of_the_watchdog_state_is_checked_at_read_and_named_once(tmp_path, content, said, kept):
+    """Issue 36: state.json was read field by field with isinstance(int) (true and -4 were taken as epochs)
+    or not at all (reason), and nothing said which field was wrong. Now each field is checked where the
+    file is read; a bad one is named once in the journal with its value, a fresh watchdog's value is used
+    for it, the ticks run, and the next start has nothing to say (the file was rewritten)."""
+    lib = node_helpers.flat_copy(tmp_path)
+    cfg = watchdog_cfg(tmp_path)
+    state = tmp_path / "state" / "watchdog" / "main" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(content)
+    proc = run_watchdog(lib, cfg, ticks=3)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "tick failed" not in proc.stdout, proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if "state file %s: " % state in line]
+    assert len(lines) == 1, proc.stdout
+    for text in said:
+        assert text in lines[0], lines[0]
+    now = json.loads(state.read_text())
+    for key, value in kept.items():
+        assert now[key] == value if key != "counts" else all(now[key][k] == v for k, v in value.items()), now
+    assert all(isinstance(now[k], int) and not isinstance(now[k], bool) and now[k] >= 0 for k in wd.STATE_EPOCHS), now
+    again = run_watchdog(lib, cfg, ticks=1)
+    assert "state file" not in again.stdout and again.returncode == 0, again.stdout
+
+
+def test_the_watchdogs_own_state_reads_back_whole(tmp_path):
+    """What publish() writes is what read_back takes, every field, nothing said."""
+    dog = wd.Watchdog(wd.load_config(str(watchdog_cfg(tmp_path))))
+    dog.state["epoch"], dog.state["counts"]["restarts"], dog.mine["acked_stop"] = 4, 2, 3
+    for phase in ("gave_up", "restart_stop", None):
+        dog.publish_phase = phase
+        good, problems = wd.read_back(json.loads(json.dumps(dog.snapshot())))
+        assert problems == [] and good["epoch"] == 4 and good["counts"]["restarts"] == 2 and good["acked_stop"] == 3
+
+
+@pytest.mark.parametrize(
     "record",
     [
         {"engine": "other", "pid": os.getpid(), "since": "yesterday"},
