@@ -488,3 +488,35 @@ def test_a_waiting_launcher_reads_a_holder_record_of_the_wrong_types_without_a_t
     assert got is False and "waiting for the launch lock %s held by engine ? (pid ?, since ?)" % lock_path in text
     assert "lock-timeout" in text
     assert [n for n in os.listdir(tmp_path) if n.startswith("launch.lock.holder.damaged-")]  # set aside, named
+
+
+@pytest.mark.parametrize(
+    "record, said",
+    [
+        ({"engine": "other", "pid": "4711", "since": 1.0}, 'its pid = "4711" is not a process id (a whole number'),
+        ({"engine": "other", "pid": [4711], "since": 1.0}, "its pid = [4711] is not a process id"),
+        ({"engine": "other", "pid": os.getpid(), "since": {"at": 1}}, 'its since = {"at": 1} is not a time'),
+        ({"engine": 7, "pid": os.getpid(), "since": 1.0}, "its engine = 7 is not text"),
+    ],
+    ids=["pid text", "pid a list", "since an object", "engine a number"],
+)
+def test_a_holder_record_of_the_wrong_types_is_named_with_its_field_and_value_once(tmp_path, capsys, record, said):
+    """Issue 36: the journal line for a bad lock holder named the field but not what was in it. Now it says
+    the file, the field, the value and what it must be, once (the waiting launcher asks every tick), and
+    where the record went; the wait goes on as for a holder it cannot name."""
+    lock_path = tmp_path / "launch.lock"
+    holder = tmp_path / "launch.lock.holder"
+    holder.write_text(json.dumps(record))
+    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out = io.StringIO()
+    try:
+        lock = _launch_node.LaunchLock(str(lock_path), "e1")
+        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
+    finally:
+        os.close(fd)
+    lines = [line for line in capsys.readouterr().err.splitlines() if str(holder) in line]
+    assert got is False and len(lines) == 1, lines
+    assert lines[0].startswith("vllm-uma-launch: state file %s %s" % (holder, said)), lines[0]
+    assert "set aside as %s.damaged-" % holder in lines[0]
+    assert "held by engine ? (pid ?, since ?)" in out.getvalue()
