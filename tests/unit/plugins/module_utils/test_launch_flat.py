@@ -119,3 +119,41 @@ def test_a_node_whose_meminfo_cannot_be_read_is_refused_at_admission(tmp_path, m
     assert "Traceback" not in out and "option 'proc_root'" in out and "nothing was started" in out, out
     record = json.loads(next((tmp_path / "state").rglob("launch.json")).read_text())
     assert record["exit_code"] == uma_launch.EXIT_CONFIG
+
+
+@pytest.mark.parametrize(
+    "meminfo, said",
+    [
+        (None, "/meminfo cannot be read for the admission (No such file or directory)"),
+        ("a directory", "/meminfo cannot be read for the admission (Is a directory)"),
+        ("MemTotal: 1024 kB\nMemFree: 512 kB\n", "/meminfo has no 'MemAvailable: <number> kB' line"),
+        ("MemTotal: 1024 kB\nMemAvailable: lots kB\n", "/meminfo has no 'MemAvailable: <number> kB' line"),
+    ],
+    ids=["missing", "a directory", "no MemAvailable", "MemAvailable not a number"],
+)
+def test_a_meminfo_refusal_names_the_file_and_is_the_records_stop_reason(tmp_path, meminfo, said):
+    """Issue 36: the refusal said proc_root "has no readable meminfo" (not the file), logged it as an
+    "admission" step with checked=False (as if admission were off) and left no stop reason in launch.json
+    (status.yml's last_launch, the peers: "its engine exited with None"). Now it names <proc_root>/meminfo
+    and what is missing in it, is an admission-refused step, the record's stopped_because; exit 78 (no
+    systemd retry loop: a retry reads the same file)."""
+    lib = node_helpers.flat_copy(tmp_path)
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    if meminfo == "a directory":
+        (proc_root / "meminfo").mkdir()
+    elif meminfo is not None:
+        (proc_root / "meminfo").write_text(meminfo)
+    config = tmp_path / "engine.json"
+    engine = {"engine": "m", "command": ["true"], "health_url": "http://x:1/h", "pre_evict": "none",
+              "plan": {"requested_memory_bytes": 1 << 30}, "proc_root": str(proc_root)}  # fmt: skip
+    config.write_text(json.dumps(engine))
+    proc = run_flat(lib, "--engine", "m", "--config", str(config), "--node-config", "/nonexistent",
+                    "--lock-path", str(tmp_path / "lock"), "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == uma_launch.EXIT_CONFIG and "Traceback" not in out, out
+    message = "option 'proc_root' = '%s': %s%s" % (proc_root, proc_root, said)
+    assert message in out and "set admission false; nothing was started." in out, out
+    record = json.loads(next((tmp_path / "state").rglob("launch.json")).read_text())
+    assert message in record["stopped_because"] and record["exit_code"] == uma_launch.EXIT_CONFIG
+    assert [s["name"] for s in record["steps"] if s["name"].startswith("admission")] == ["admission-refused"]
