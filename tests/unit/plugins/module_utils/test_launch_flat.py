@@ -61,6 +61,7 @@ def test_a_missing_part_fails_on_the_node(tmp_path):
         ({"requested_memory_bytes": 1e308}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": -1}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": "12 GiB"}, "plan.requested_memory_bytes"),
+        ({"requested_memory_bytes": True}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": 1 << 33, "ranks_per_node": 10**12}, "plan.ranks_per_node"),
         ({"requested_memory_bytes": 1 << 33, "ranks_per_node": True}, "plan.ranks_per_node"),
         ({"gpus_per_node": 0}, "plan.gpus_per_node"),
@@ -80,6 +81,20 @@ def test_a_plan_out_of_range_is_refused_by_the_installed_launcher(tmp_path, plan
     assert proc.returncode == uma_launch.EXIT_CONFIG, proc.stderr
     assert "Traceback" not in proc.stderr and "option '%s'" % key in proc.stderr, proc.stderr
     assert not (tmp_path / "lock").exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("value", [1e308, -1, float("nan"), float("inf"), True, "12", [1], 1 << 51])
+def test_the_plan_check_names_the_key_the_value_and_the_range(value):
+    """The plan's requested_memory_bytes as check_plan sees it (NaN and Infinity never pass the JSON loader;
+    the check refuses them too): the key, the value and the valid range in one message."""
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as launch_config
+
+    with pytest.raises(UmaError) as err:
+        launch_config.check_plan({"requested_memory_bytes": value})
+    assert err.value.message.startswith("option 'plan.requested_memory_bytes' = ")
+    assert "is not a number of bytes from 0 to 1 PiB" in err.value.message
+    assert "nothing was started" in err.value.message
 
 
 def test_the_planners_own_plan_passes_the_launchers_check():
