@@ -142,16 +142,22 @@ PID_MAX = 1 << 22  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit)
 
 def _holder_problem(data: Dict[str, Any]) -> Optional[str]:
     """The lock holder's record (what try_acquire writes): engine text, pid a process id, since a time.
-    Another shape is set aside and named by read_state, never a waiting launcher's traceback."""
+    Another shape is set aside and named by read_state (the field and its value), never a waiting
+    launcher's traceback; the waiting launcher then says it cannot tell who holds the lock."""
     pid, since, engine = data.get("pid"), data.get("since"), data.get("engine")
     if engine is not None and not isinstance(engine, str):
-        return "its engine is not text"
+        return "its engine = %s is not text" % _shown(engine)
     if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= PID_MAX):
-        return "its pid is not a process id"
+        return "its pid = %s is not a process id (a whole number from 1 to %d)" % (_shown(pid), PID_MAX)
     number = not isinstance(since, bool) and isinstance(since, (int, float))
     if since is not None and not (number and math.isfinite(since) and 0 <= since < 1 << 36):
-        return "its since is not a time"
+        return "its since = %s is not a time (seconds since 1970)" % _shown(since)
     return None
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _pid_alive(pid: int) -> bool:

@@ -219,18 +219,20 @@ class Launch:
         return None, "no startup request in the plan"
 
     def mem_available(self) -> int:
-        """MemAvailable of the node (proc_root/meminfo); a node where it cannot be read is refused, named."""
+        """MemAvailable of the node (proc_root/meminfo); a node where it cannot be read is refused, naming the file."""
         proc_root = self.config["proc_root"]
+        path = os.path.join(proc_root, "meminfo")
         try:
             meminfo = read_meminfo(proc_root)
         except OSError as err:
             raise UmaError(
-                "proc_root", proc_root, "has no readable meminfo for the admission (%s)" % (err.strerror or err),
-                "Point proc_root at the node's /proc (the default); nothing was started.",
+                "proc_root", proc_root, "%s cannot be read for the admission (%s)" % (path, err.strerror or err),
+                "Point proc_root at the node's /proc (the default), or set admission false; nothing was started.",
             ) from None  # fmt: skip
         if "MemAvailable" not in meminfo:
             raise UmaError(
-                "proc_root", proc_root, "has a meminfo without a MemAvailable line (a kernel before 3.14?)",
+                "proc_root", proc_root, "%s has no 'MemAvailable: <number> kB' line, the figure the admission "
+                "compares (a kernel before 3.14, or not the kernel's file)" % path,
                 "Run on a kernel that reports MemAvailable, or set admission false; nothing was started.",
             )  # fmt: skip
         return int(meminfo["MemAvailable"])
@@ -627,10 +629,13 @@ class Launch:
             try:
                 admitted = self.admit()
             except UmaError as err:  # the node's memory cannot be read: refused with the file, not a traceback
-                self.log.step("admission", checked=False, error=err.message)
+                # exit 78, not the admission's 75: no retry by systemd reads the file back (a loop of refusals)
+                self.failure = (err.message, EXIT_CONFIG)
+                self.log.step("admission-refused", checked=False, reason=err.message)
                 self.log.line("%s: %s" % (PROG, err.message))
                 self.record["failed_at"] = self.log.elapsed()
                 self.record["exit_code"] = EXIT_CONFIG
+                self.record["stopped_because"] = err.message
                 return EXIT_CONFIG
             if not admitted:
                 self.failure = ("admission refused on this node (free memory below the plan's start)", EXIT_ADMISSION)

@@ -129,6 +129,53 @@ def last_launch_exit(state_dir: str, engine: str) -> Optional[int]:
     return None
 
 
+STATE_EPOCHS = ("epoch", "acked_stop", "acked_start", "acked_gave_up")
+WHOLE = "a whole number >= 0"
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_back(old: Dict[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """What a (re)started watchdog takes from its own state.json (what publish() wrote), field by field,
+    and each field it cannot use, named with its value (``epoch = "3" is not a whole number >= 0``).
+
+    phase: one of logic.PUBLISHED_PHASES; reason: text; the epochs (STATE_EPOCHS): whole numbers >= 0;
+    counts: an object whose known counters are whole numbers >= 0 (other keys are not read). A field that
+    cannot be used is left out: the watchdog keeps a fresh one's value for it."""
+    good: Dict[str, Any] = {}
+    problems: List[str] = []
+
+    def take(field: str, value: Any, usable: bool, want: str) -> None:
+        if usable:
+            good[field] = value
+        else:
+            shown = json.dumps(value, sort_keys=True)
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            problems.append("%s = %s is not %s" % (field, shown, want))
+
+    if "phase" in old:
+        phases = "one of %s" % ", ".join(logic.PUBLISHED_PHASES)
+        take("phase", old["phase"], isinstance(old["phase"], str) and old["phase"] in logic.PUBLISHED_PHASES, phases)
+    if "reason" in old:
+        take("reason", old["reason"], isinstance(old["reason"], str), "text")
+    for key in STATE_EPOCHS:
+        if key in old:
+            take(key, old[key], _whole(old[key]), WHOLE)
+    if "counts" in old and not isinstance(old["counts"], dict):
+        take("counts", old["counts"], False, "an object of counters")
+    elif "counts" in old:
+        known = logic.new_state(0.0)["counts"]
+        good["counts"] = {}
+        for key in sorted(set(old["counts"]) & set(known)):
+            if _whole(old["counts"][key]):
+                good["counts"][key] = old["counts"][key]
+            else:
+                take("counts.%s" % key, old["counts"][key], False, WHOLE)
+    return good, problems
+
+
 # --------------------------------------------------------------------------
 # The watchdog
 
@@ -155,26 +202,23 @@ class Watchdog:
         self.floors = logic.size_floors(ram, cfg.get("warn_floor_mib"), cfg.get("critical_floor_mib"))
         self.min_free = self._min_free()
         self.state = logic.new_state(clock())
-        old = read_state(os.path.join(self.dir, "state.json"), dict, prog=PROG)
-        self.mine: Dict[str, Any] = {"acked_stop": 0, "acked_start": 0, "acked_gave_up": 0}
-        if isinstance(old, dict):
-            # epochs survive a watchdog restart: rank 0 never reuses one, a peer never redoes one
-            for key in ("acked_stop", "acked_start", "acked_gave_up"):
-                if isinstance(old.get(key), int):
-                    self.mine[key] = old[key]
-            if isinstance(old.get("epoch"), int):
-                self.state["epoch"] = old["epoch"]
-            if isinstance(old.get("counts"), dict):
-                for key, value in old["counts"].items():
-                    if key in self.state["counts"] and isinstance(value, int):
-                        self.state["counts"][key] = value
-        if isinstance(old, dict) and old.get("phase") == "gave_up":
+        state_path = os.path.join(self.dir, "state.json")
+        recorded = read_state(state_path, dict, prog=PROG) or {}
+        old, problems = read_back(recorded)
+        if problems:  # said once, at start: the next publish() writes every field anew
+            log(self.engine, "state file %s: %s; a fresh watchdog's value is used for each, the other fields are "
+                "read back, and the next tick rewrites the file" % (state_path, "; ".join(problems)))  # fmt: skip
+        # epochs survive a watchdog restart: rank 0 never reuses one, a peer never redoes one
+        self.mine: Dict[str, Any] = {key: old.get(key, 0) for key in ("acked_stop", "acked_start", "acked_gave_up")}
+        self.state["epoch"] = old.get("epoch", 0)
+        self.state["counts"].update(old.get("counts", {}))
+        if old.get("phase") == "gave_up":
             self.state["phase"] = "gave_up"
             self.state["stopped_by_us"] = True
             reason = old.get("reason", "gave up before this watchdog started")
-            if not isinstance(reason, str):  # a hand-edited or damaged record: the verdict stays, said as such
+            if "reason" in recorded and "reason" not in old:  # a hand-edited or damaged record: the verdict stays
                 reason = "gave up before this watchdog started (its recorded reason was not text: %s)" % (
-                    json.dumps(reason, sort_keys=True)
+                    json.dumps(recorded["reason"], sort_keys=True)
                 )
             self.state["reason"] = reason
         events = read_state(os.path.join(self.dir, "events.json"), list, _event_problem, PROG)

@@ -61,6 +61,7 @@ def test_a_missing_part_fails_on_the_node(tmp_path):
         ({"requested_memory_bytes": 1e308}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": -1}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": "12 GiB"}, "plan.requested_memory_bytes"),
+        ({"requested_memory_bytes": True}, "plan.requested_memory_bytes"),
         ({"requested_memory_bytes": 1 << 33, "ranks_per_node": 10**12}, "plan.ranks_per_node"),
         ({"requested_memory_bytes": 1 << 33, "ranks_per_node": True}, "plan.ranks_per_node"),
         ({"gpus_per_node": 0}, "plan.gpus_per_node"),
@@ -80,6 +81,20 @@ def test_a_plan_out_of_range_is_refused_by_the_installed_launcher(tmp_path, plan
     assert proc.returncode == uma_launch.EXIT_CONFIG, proc.stderr
     assert "Traceback" not in proc.stderr and "option '%s'" % key in proc.stderr, proc.stderr
     assert not (tmp_path / "lock").exists() and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("value", [1e308, -1, float("nan"), float("inf"), True, "12", [1], 1 << 51])
+def test_the_plan_check_names_the_key_the_value_and_the_range(value):
+    """The plan's requested_memory_bytes as check_plan sees it (NaN and Infinity never pass the JSON loader;
+    the check refuses them too): the key, the value and the valid range in one message."""
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as launch_config
+
+    with pytest.raises(UmaError) as err:
+        launch_config.check_plan({"requested_memory_bytes": value})
+    assert err.value.message.startswith("option 'plan.requested_memory_bytes' = ")
+    assert "is not a number of bytes from 0 to 1 PiB" in err.value.message
+    assert "nothing was started" in err.value.message
 
 
 def test_the_planners_own_plan_passes_the_launchers_check():
@@ -119,3 +134,41 @@ def test_a_node_whose_meminfo_cannot_be_read_is_refused_at_admission(tmp_path, m
     assert "Traceback" not in out and "option 'proc_root'" in out and "nothing was started" in out, out
     record = json.loads(next((tmp_path / "state").rglob("launch.json")).read_text())
     assert record["exit_code"] == uma_launch.EXIT_CONFIG
+
+
+@pytest.mark.parametrize(
+    "meminfo, said",
+    [
+        (None, "/meminfo cannot be read for the admission (No such file or directory)"),
+        ("a directory", "/meminfo cannot be read for the admission (Is a directory)"),
+        ("MemTotal: 1024 kB\nMemFree: 512 kB\n", "/meminfo has no 'MemAvailable: <number> kB' line"),
+        ("MemTotal: 1024 kB\nMemAvailable: lots kB\n", "/meminfo has no 'MemAvailable: <number> kB' line"),
+    ],
+    ids=["missing", "a directory", "no MemAvailable", "MemAvailable not a number"],
+)
+def test_a_meminfo_refusal_names_the_file_and_is_the_records_stop_reason(tmp_path, meminfo, said):
+    """Issue 36: the refusal said proc_root "has no readable meminfo" (not the file), logged it as an
+    "admission" step with checked=False (as if admission were off) and left no stop reason in launch.json
+    (status.yml's last_launch, the peers: "its engine exited with None"). Now it names <proc_root>/meminfo
+    and what is missing in it, is an admission-refused step, the record's stopped_because; exit 78 (no
+    systemd retry loop: a retry reads the same file)."""
+    lib = node_helpers.flat_copy(tmp_path)
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    if meminfo == "a directory":
+        (proc_root / "meminfo").mkdir()
+    elif meminfo is not None:
+        (proc_root / "meminfo").write_text(meminfo)
+    config = tmp_path / "engine.json"
+    engine = {"engine": "m", "command": ["true"], "health_url": "http://x:1/h", "pre_evict": "none",
+              "plan": {"requested_memory_bytes": 1 << 30}, "proc_root": str(proc_root)}  # fmt: skip
+    config.write_text(json.dumps(engine))
+    proc = run_flat(lib, "--engine", "m", "--config", str(config), "--node-config", "/nonexistent",
+                    "--lock-path", str(tmp_path / "lock"), "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == uma_launch.EXIT_CONFIG and "Traceback" not in out, out
+    message = "option 'proc_root' = '%s': %s%s" % (proc_root, proc_root, said)
+    assert message in out and "set admission false; nothing was started." in out, out
+    record = json.loads(next((tmp_path / "state").rglob("launch.json")).read_text())
+    assert message in record["stopped_because"] and record["exit_code"] == uma_launch.EXIT_CONFIG
+    assert [s["name"] for s in record["steps"] if s["name"].startswith("admission")] == ["admission-refused"]

@@ -411,6 +411,55 @@ def test_a_gave_up_state_whose_reason_is_not_text_keeps_the_verdict_and_every_ti
 
 
 @pytest.mark.parametrize(
+    "content, said, kept",
+    [
+        ('{"phase": "gave_up", "reason": null, "epoch": 3}', ["reason = null is not text"], {"epoch": 3}),
+        ('{"phase": "healthy", "epoch": true, "acked_stop": "2", "acked_start": 1}',
+         ['epoch = true is not a whole number >= 0', 'acked_stop = "2" is not a whole number >= 0'], {"epoch": 0}),
+        ('{"phase": "stopped", "epoch": -4, "counts": {"restarts": 1.5, "wedges": 2, "later": "x"}}',
+         ["epoch = -4 is not a whole number >= 0", "counts.restarts = 1.5 is not a whole number >= 0"],
+         {"epoch": 0, "counts": {"restarts": 0, "wedges": 2}}),
+        ('{"phase": ["gave_up"], "counts": [1, 2]}',
+         ['phase = ["gave_up"] is not one of starting, healthy', "counts = [1, 2] is not an object of counters"],
+         {"epoch": 0}),
+    ],
+    ids=["gave_up reason null", "epoch true, acked_stop text", "negative epoch, a float count", "phase a list"],
+)  # fmt: skip
+def test_each_field_of_the_watchdog_state_is_checked_at_read_and_named_once(tmp_path, content, said, kept):
+    """Issue 36: state.json was read field by field with isinstance(int) (true and -4 were taken as epochs)
+    or not at all (reason), and nothing said which field was wrong. Now each field is checked where the
+    file is read; a bad one is named once in the journal with its value, a fresh watchdog's value is used
+    for it, the ticks run, and the next start has nothing to say (the file was rewritten)."""
+    lib = node_helpers.flat_copy(tmp_path)
+    cfg = watchdog_cfg(tmp_path)
+    state = tmp_path / "state" / "watchdog" / "main" / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(content)
+    proc = run_watchdog(lib, cfg, ticks=3)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "tick failed" not in proc.stdout, proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if "state file %s: " % state in line]
+    assert len(lines) == 1, proc.stdout
+    for text in said:
+        assert text in lines[0], lines[0]
+    now = json.loads(state.read_text())
+    for key, value in kept.items():
+        assert now[key] == value if key != "counts" else all(now[key][k] == v for k, v in value.items()), now
+    assert all(isinstance(now[k], int) and not isinstance(now[k], bool) and now[k] >= 0 for k in wd.STATE_EPOCHS), now
+    again = run_watchdog(lib, cfg, ticks=1)
+    assert "state file" not in again.stdout and again.returncode == 0, again.stdout
+
+
+def test_the_watchdogs_own_state_reads_back_whole(tmp_path):
+    """What publish() writes is what read_back takes, every field, nothing said."""
+    dog = wd.Watchdog(wd.load_config(str(watchdog_cfg(tmp_path))))
+    dog.state["epoch"], dog.state["counts"]["restarts"], dog.mine["acked_stop"] = 4, 2, 3
+    for phase in ("gave_up", "restart_stop", None):
+        dog.publish_phase = phase
+        good, problems = wd.read_back(json.loads(json.dumps(dog.snapshot())))
+        assert problems == [] and good["epoch"] == 4 and good["counts"]["restarts"] == 2 and good["acked_stop"] == 3
+
+
+@pytest.mark.parametrize(
     "record",
     [
         {"engine": "other", "pid": os.getpid(), "since": "yesterday"},
@@ -439,3 +488,35 @@ def test_a_waiting_launcher_reads_a_holder_record_of_the_wrong_types_without_a_t
     assert got is False and "waiting for the launch lock %s held by engine ? (pid ?, since ?)" % lock_path in text
     assert "lock-timeout" in text
     assert [n for n in os.listdir(tmp_path) if n.startswith("launch.lock.holder.damaged-")]  # set aside, named
+
+
+@pytest.mark.parametrize(
+    "record, said",
+    [
+        ({"engine": "other", "pid": "4711", "since": 1.0}, 'its pid = "4711" is not a process id (a whole number'),
+        ({"engine": "other", "pid": [4711], "since": 1.0}, "its pid = [4711] is not a process id"),
+        ({"engine": "other", "pid": os.getpid(), "since": {"at": 1}}, 'its since = {"at": 1} is not a time'),
+        ({"engine": 7, "pid": os.getpid(), "since": 1.0}, "its engine = 7 is not text"),
+    ],
+    ids=["pid text", "pid a list", "since an object", "engine a number"],
+)
+def test_a_holder_record_of_the_wrong_types_is_named_with_its_field_and_value_once(tmp_path, capsys, record, said):
+    """Issue 36: the journal line for a bad lock holder named the field but not what was in it. Now it says
+    the file, the field, the value and what it must be, once (the waiting launcher asks every tick), and
+    where the record went; the wait goes on as for a holder it cannot name."""
+    lock_path = tmp_path / "launch.lock"
+    holder = tmp_path / "launch.lock.holder"
+    holder.write_text(json.dumps(record))
+    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out = io.StringIO()
+    try:
+        lock = _launch_node.LaunchLock(str(lock_path), "e1")
+        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
+    finally:
+        os.close(fd)
+    lines = [line for line in capsys.readouterr().err.splitlines() if str(holder) in line]
+    assert got is False and len(lines) == 1, lines
+    assert lines[0].startswith("vllm-uma-launch: state file %s %s" % (holder, said)), lines[0]
+    assert "set aside as %s.damaged-" % holder in lines[0]
+    assert "held by engine ? (pid ?, since ?)" in out.getvalue()

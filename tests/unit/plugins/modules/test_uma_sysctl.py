@@ -108,3 +108,39 @@ def test_refusals_name_option_value_and_fix(run_module, node, case):
     assert msg.rstrip().endswith(".") and msg.count(". ") >= 1
     assert not os.path.exists(node["path"]) and not os.path.exists(node["state_dir"])
     assert {k: live(node, k) for k in ("min_free_kbytes", "dirty_ratio")} == before
+
+
+def _snapshot(node):
+    files = [pathlib.Path(node["path"]), pathlib.Path(node["state_dir"], "sysctl-original.json")]
+    keys = ("min_free_kbytes", "vfs_cache_pressure", "dirty_ratio", "dirty_background_ratio", "swappiness")
+    return {str(f): f.read_bytes() for f in files if f.exists()}, {k: live(node, k) for k in keys}
+
+
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (b'{"vm.min_free_kbytes": "45056", "vm.dirty_ra', "not JSON (truncated?)"),
+        (b'{"vm.min_free_kbytes": "4505\xff"}', "not UTF-8 text"),
+    ],
+    ids=["truncated", "not UTF-8"],
+)
+@pytest.mark.parametrize("state", ["absent", "present"])
+@pytest.mark.parametrize("check_mode", [False, True], ids=["run", "check mode"])
+def test_a_damaged_original_record_fails_the_task_and_changes_nothing(run_module, node, damage, problem, state,
+                                                                      check_mode):  # fmt: skip
+    """Issue 36, as Ansible runs the module: a truncated or non-UTF-8 sysctl-original.json made state=absent
+    delete the drop-in, restore nothing and report changed (check mode predicted the same). Now the task
+    fails in a run and in check mode alike, naming the file, what is wrong and the two fixes; the drop-in,
+    the record and every live value stay as they were."""
+    failed, result = run_module(uma_sysctl, dict(node, extra={"vm.swappiness": 5}))
+    assert not failed and result["original"]["vm.swappiness"] == "60"
+    record = pathlib.Path(node["state_dir"], "sysctl-original.json")
+    record.write_bytes(damage)
+    before = _snapshot(node)
+    failed, result = run_module(uma_sysctl, dict(node, state=state), check_mode=check_mode, diff=True)
+    assert failed and not result.get("changed"), result
+    msg = result["msg"]
+    assert msg.startswith("option 'state_dir' = '%s': %s holds the operator's original" % (node["state_dir"], record))
+    assert "is damaged (%s); it is not taken for no record, and nothing was changed" % problem in msg, msg
+    assert '"vm.swappiness": "<original>"' in msg and "or remove it if the values the node has now are to stay" in msg
+    assert _snapshot(node) == before
