@@ -30,3 +30,16 @@ attributes:
   platform:
     platforms: posix
 """
+
+    # The module only reads the managed node (a facts or diagnosis module).
+    READ_ONLY = r"""
+options: {}
+attributes:
+  check_mode:
+    support: full
+    details: The module only reads; it runs the same in check mode and never reports a change.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+"""

@@ -35,14 +35,7 @@ author:
   - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
   - uma.vllm.attributes
-attributes:
-  check_mode:
-    support: full
-    details: The module only reads; it runs the same in check mode and never reports a change.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
+  - uma.vllm.attributes.read_only
 options:
   engines:
     description:

@@ -40,14 +40,8 @@ author:
   - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
   - uma.vllm.attributes
+  - uma.vllm.attributes.read_only
 attributes:
-  check_mode:
-    support: full
-    details: The module only reads; it runs the same in check mode and never reports a change.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
   facts:
     support: full
     description: Sets the fact C(uma_rdma).
