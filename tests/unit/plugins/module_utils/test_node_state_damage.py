@@ -459,6 +459,23 @@ def test_the_watchdogs_own_state_reads_back_whole(tmp_path):
         assert problems == [] and good["epoch"] == 4 and good["counts"]["restarts"] == 2 and good["acked_stop"] == 3
 
 
+def _wait_behind_a_holder(tmp_path, record):
+    """A waiting launcher (0.5 s) behind a held launch lock whose holder record is ``record``:
+    (acquired, the launcher's log, the holder record's path)."""
+    lock_path = tmp_path / "launch.lock"
+    holder = tmp_path / "launch.lock.holder"
+    holder.write_text(json.dumps(record))
+    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    out = io.StringIO()
+    try:
+        lock = _launch_node.LaunchLock(str(lock_path), "e1")
+        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
+    finally:
+        os.close(fd)
+    return got, out.getvalue(), holder
+
+
 @pytest.mark.parametrize(
     "record",
     [
@@ -473,18 +490,8 @@ def test_a_waiting_launcher_reads_a_holder_record_of_the_wrong_types_without_a_t
     """Issue 36: a lock holder whose fields had the wrong type crashed a waiting launcher (time.localtime of
     a string, os.kill of a huge pid). Now the record is set aside and named; the launcher waits, says for
     whom it cannot tell, and times out as it would."""
+    got, text, _holder = _wait_behind_a_holder(tmp_path, record)
     lock_path = tmp_path / "launch.lock"
-    holder = tmp_path / "launch.lock.holder"
-    holder.write_text(json.dumps(record))
-    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    out = io.StringIO()
-    try:
-        lock = _launch_node.LaunchLock(str(lock_path), "e1")
-        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
-    finally:
-        os.close(fd)
-    text = out.getvalue()
     assert got is False and "waiting for the launch lock %s held by engine ? (pid ?, since ?)" % lock_path in text
     assert "lock-timeout" in text
     assert [n for n in os.listdir(tmp_path) if n.startswith("launch.lock.holder.damaged-")]  # set aside, named
@@ -504,19 +511,9 @@ def test_a_holder_record_of_the_wrong_types_is_named_with_its_field_and_value_on
     """Issue 36: the journal line for a bad lock holder named the field but not what was in it. Now it says
     the file, the field, the value and what it must be, once (the waiting launcher asks every tick), and
     where the record went; the wait goes on as for a holder it cannot name."""
-    lock_path = tmp_path / "launch.lock"
-    holder = tmp_path / "launch.lock.holder"
-    holder.write_text(json.dumps(record))
-    fd = os.open(str(lock_path), os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    out = io.StringIO()
-    try:
-        lock = _launch_node.LaunchLock(str(lock_path), "e1")
-        got = _launch_node.acquire_lock(lock, 0.5, _launch_node.Log("e1", out=out), say_every=0.1)
-    finally:
-        os.close(fd)
+    got, text, holder = _wait_behind_a_holder(tmp_path, record)
     lines = [line for line in capsys.readouterr().err.splitlines() if str(holder) in line]
     assert got is False and len(lines) == 1, lines
     assert lines[0].startswith("vllm-uma-launch: state file %s %s" % (holder, said)), lines[0]
     assert "set aside as %s.damaged-" % holder in lines[0]
-    assert "held by engine ? (pid ?, since ?)" in out.getvalue()
+    assert "held by engine ? (pid ?, since ?)" in text
