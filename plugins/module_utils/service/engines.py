@@ -234,8 +234,8 @@ def shared_port_errors(engines: List[Dict[str, Any]]) -> List[str]:
             if port not in owner:
                 owner[port] = (name, key, what)
                 continue
-            other, _other_key, other_what = owner[port]
-            if other == name or (key == "port" and owner[port][1] == "port") or (name, key) in said:
+            other, other_key, other_what = owner[port]
+            if other == name or (key == "port" and other_key == "port") or (name, key) in said:
                 continue
             said.add((name, key))
             value = _key_value(engine, key, port)
