@@ -35,7 +35,7 @@ def link_key(tmp_path):
     return str(path)
 
 
-def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0):
+def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0, **overrides):
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     (model / "model-00001-of-00001.safetensors").write_bytes(os.urandom(1 << 20))
@@ -57,6 +57,7 @@ def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0):
                     "peer_timeout_s": peer_timeout, "key_file": link_key(tmp_path),
                     "bind_addr": "127.0.0.1" if rank == 0 else None},
     }  # fmt: skip
+    config.update(overrides)
     path = tmp_path / ("rank%d.json" % rank)
     path.write_text(json.dumps(config))
     return str(path)
@@ -123,6 +124,53 @@ def test_a_stop_that_breaks_the_peers_running_request_is_still_deliberate(tmp_pa
     assert rec["stopped_because"] == "rank 1 stopped: rank 1: signal 15", rec
     steps = [s["name"] for s in rec["steps"]]
     assert "peer-stopped" in steps and "rank-process-died" not in steps, steps
+
+
+def _slow_pair(tmp_path, ports, stop_s):
+    """Both ranks healthy; each engine takes ``stop_s`` to end after SIGTERM, as vLLM's headless
+    rank does when its workers are blocked on a peer that is gone (5 s grace + 4 s, then SIGKILL)."""
+    procs = {}
+    for rank in (1, 0):
+        config = write_config(tmp_path, rank, ports, extra_args=["--stop-s", str(stop_s)], stop_timeout_s=60)
+        procs[rank] = start(config)
+        time.sleep(0.5)
+    for rank in (0, 1):
+        read_until(procs[rank], r"ranks-watched", timeout=60)
+    return procs
+
+
+def test_a_rank_whose_peer_stopped_kills_its_engine_after_the_grace_not_the_stop_timeout(tmp_path, ports):
+    """Rank 0 stops deliberately: rank 1 has nothing to drain, so its engine gets
+    peer_stop_grace_s (2 s) after SIGTERM, then its VLLM:: processes and the engine are killed,
+    instead of waiting out a shutdown that only waits for the broken group (here 40 s)."""
+    procs = _slow_pair(tmp_path, ports, stop_s=40)
+    worker1 = list(_ranks.vllm_processes(engine_pid(procs[1])))
+    assert worker1
+    started = time.monotonic()
+    procs[0].send_signal(signal.SIGTERM)
+    assert procs[1].wait(30) == 0  # deliberate: exit 0
+    took = time.monotonic() - started
+    assert took < 8, took  # grace 2 s + the link's word; 40 s before
+    assert len(_ranks.gone({pid: "VLLM::Worker_TP" for pid in worker1})) == len(worker1)  # killed, not left
+    rec = record(tmp_path, 1)
+    stopped = [s for s in rec["steps"] if s["name"] == "engine-stopped"][-1]
+    assert stopped["killed_after_peer"] >= 2 and stopped["duration_s"] < 6, stopped
+    procs[0].kill()
+    procs[0].wait(10)
+
+
+def test_a_rank_stopped_itself_keeps_its_engines_graceful_shutdown(tmp_path, ports):
+    """The short grace is only for a rank whose peer is gone: the rank that is stopped keeps its
+    engine's whole shutdown (here 3 s, within stop_timeout_s)."""
+    procs = _slow_pair(tmp_path, ports, stop_s=3)
+    started = time.monotonic()
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].wait(30)
+    took = time.monotonic() - started
+    assert took >= 2.9, took  # its engine's own 3 s shutdown, not cut short
+    rec = record(tmp_path, 0)
+    assert not [s for s in rec["steps"] if "killed_after_peer" in s], rec["steps"]
+    assert procs[1].wait(30) == 0
 
 
 def test_a_dead_rank_process_fails_both_ranks_for_a_restart(tmp_path, ports):

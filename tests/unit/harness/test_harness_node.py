@@ -160,7 +160,8 @@ def _bad_value(data, kind: str) -> Any:
 class Launcher:
     name = "uma_launch.py"
     code = 78
-    numbers = ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s", "admission_wait_s",
+    numbers = ("lock_timeout_s", "health_timeout_s", "health_interval_s", "stop_timeout_s", "peer_stop_grace_s",
+               "admission_wait_s",
                "guard_interval", "guard_threshold_mib", "guard_max_duration", "readahead_kb",
                "admission_request_bytes", "guard_act_below_free_mib")  # fmt: skip
     bools = ("evict_after_healthy", "guard", "watch_ranks", "admission")

@@ -46,6 +46,10 @@ DEFAULTS: Dict[str, Any] = {
     "health_timeout_s": 1800.0,
     "health_interval_s": 1.0,
     "stop_timeout_s": 30.0,
+    # a rank whose peer stopped or was lost has nothing to drain (its tensor-parallel group is
+    # broken): its engine gets this long after SIGTERM, then its VLLM:: processes and the engine
+    # are killed (vLLM's headless shutdown waits 5 s + 4 s for workers stuck in a collective)
+    "peer_stop_grace_s": 2.0,
     "pre_evict": "files",  # files | drop | none
     "evict_after_healthy": True,
     "guard": True,
@@ -108,6 +112,7 @@ _DURATIONS = (
     ("health_timeout_s", 0, _checks.WEEK_S, True),
     ("health_interval_s", 0.01, 3600, False),
     ("stop_timeout_s", 0, 86400, True),
+    ("peer_stop_grace_s", 0, 86400, False),
     ("admission_wait_s", 0, 86400, False),
 )
 _BOOLEANS = ("evict_after_healthy", "guard", "guard_lock_memory", "watch_ranks", "admission")

@@ -466,17 +466,48 @@ class Launch:
                 return False, "no 200 from %s within %ss" % (self.config["health_url"], self.config["health_timeout_s"])
             time.sleep(self.config["health_interval_s"])
 
+    def peer_gone(self) -> bool:
+        """A peer stopped or was lost: this rank's tensor-parallel group is broken."""
+        return self.link is not None and self.link.lost is not None
+
     def stop_engine(self) -> None:
         if self.engine is None or self.engine.poll() is not None:
             return
         started = time.monotonic()
         self.engine.terminate()
-        try:
-            self.engine.wait(self.config["stop_timeout_s"])
-        except subprocess.TimeoutExpired:
+        deadline = started + self.config["stop_timeout_s"]
+        grace_end = started + min(self.config["peer_stop_grace_s"], self.config["stop_timeout_s"])
+        killed: Optional[int] = None
+        while self.engine.poll() is None and time.monotonic() < deadline:
+            if killed is None and self.peer_gone() and time.monotonic() >= grace_end:
+                # nothing to drain: vLLM's own shutdown would wait for workers blocked on the peer
+                killed = self.kill_engine_processes()
+            time.sleep(0.05)
+        if self.engine.poll() is None:
             self.engine.kill()
             self.engine.wait()
-        self.log.step("engine-stopped", duration=time.monotonic() - started, returncode=self.engine.returncode)
+        extra = {} if killed is None else {"killed_after_peer": killed}
+        self.log.step("engine-stopped", duration=time.monotonic() - started, returncode=self.engine.returncode, **extra)
+
+    def kill_engine_processes(self) -> int:
+        """SIGKILL the engine's VLLM:: processes (below its container's init for a container) and
+        the engine process itself; returns how many were signalled."""
+        if self.engine is None:
+            return 0
+        pids = list(_ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.config["command"]))
+        count = 0
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                count += 1
+            except OSError:  # gone already
+                pass
+        try:
+            self.engine.kill()
+            count += 1
+        except OSError:
+            pass
+        return count
 
     def load_done(self) -> None:
         """What follows a load, healthy or not: nothing of the window stays."""

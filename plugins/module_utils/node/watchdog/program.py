@@ -535,6 +535,22 @@ class Watchdog:
         what = logic.peer_reaction(leader, self.mine)
         if what is None or leader is None:
             return
+        self.carry_out(what, leader)
+        if what != "stop":
+            return
+        # rank 0 starts its own rank as soon as every peer has acked the stop: look again within
+        # this tick instead of one interval_s later, so this rank's start follows rank 0's at once
+        deadline = self.clock() + self.cfg["interval_s"]
+        while self.clock() < deadline:
+            self.sleep(min(0.5, self.cfg["interval_s"]))
+            leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"], self.key, self.refusals)
+            what = logic.peer_reaction(leader, self.mine)
+            if what is not None and leader is not None:
+                if what == "start":
+                    self.carry_out(what, leader)
+                return  # anything else (a new stop, a give-up) is the next tick's
+
+    def carry_out(self, what: str, leader: Dict[str, Any]) -> None:
         epoch = leader.get("epoch") or 0
         if what == "stop":
             self.record("peer-stop", "rank 0 restarts the engine (epoch %d)" % epoch, self.stop_own())

@@ -673,6 +673,35 @@ def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_pa
     leader.wait_phase("healthy")
 
 
+def test_a_peer_starts_its_rank_right_after_rank_0_not_a_tick_later(tmp_path, nodes, engine, running):
+    """The peer's tick is long (3 s, as a real one's 5 s): after it acked the stop it keeps
+    looking within that tick, so its start follows rank 0's restart_start in well under a tick."""
+    ai1, ai2 = nodes("ai1"), nodes("ai2")
+    for node in (ai1, ai2):
+        node.run("start", "uma-vllm@main.service")
+    port1, port2 = free_port(), free_port()
+    peer = running(
+        config(
+            tmp_path, ai2, engine.url, rank=1, status_port=port2, interval_s=3.0,
+            leader_url="http://127.0.0.1:%d/status" % port1,
+        )
+    )  # fmt: skip
+    leader = running(
+        config(
+            tmp_path, ai1, engine.url, status_port=port1,
+            peers=[{"name": "ai2", "url": "http://127.0.0.1:%d/status" % port2}],
+        )
+    )  # fmt: skip
+    leader.wait_phase("healthy")
+    os.kill(ai2.worker_pid(), signal.SIGKILL)
+    restart = leader.wait_for("restart", timeout=30)
+    assert restart["evidence"]["peers_started"] == {"acked": ["ai2"], "missing": []}
+    events = {e["action"]: e for e in peer.events() if e["action"].startswith("peer-")}
+    gap = events["peer-start"]["epoch_s"] - events["peer-stop"]["epoch_s"]
+    print("\npeer tick 3 s: peer-start %.2f s after peer-stop" % gap)
+    assert gap < 1.5, gap  # one whole tick (3 s) before
+
+
 class PeerStandIn:
     """A peer's status endpoint (the real StatusServer) whose tick moves while its loop 'runs'."""
 
