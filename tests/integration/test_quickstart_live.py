@@ -60,7 +60,8 @@ LAB_VALUES = {
     "<ssh user>": "root",
     # no terminal in a test: the same vault password from a file (the vault example names both)
     "--ask-vault-pass": "--vault-password-file ~/vault-pass",
-    "192.168.100.11": "{ai1_addr}",  # ai1's address on the cluster link (its uma_cluster_addr)
+    # ai1's management address (ansible_host): the lab's node has one address, its cluster link's too
+    "10.0.0.11": "{ai1_addr}",
     "<vault_vllm_api_key>": API_KEY,
     "/models/Qwen3-Next-80B-A3B-Instruct": "/models/tiny-1g",
 }
@@ -73,7 +74,7 @@ STEPS = [
     ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass --check --diff", "check_run"),
     ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass", "shell"),
     ("systemctl status uma-vllm@qwen3-next", "on_each_node"),
-    ('curl -s http://192.168.100.11:8000/v1/completions -H "Authorization: Bearer <vault_vllm_api_key>" '
+    ('curl -s http://10.0.0.11:8000/v1/completions -H "Authorization: Bearer <vault_vllm_api_key>" '
      "-H 'Content-Type: application/json' -d '{\"model\": \"/models/Qwen3-Next-80B-A3B-Instruct\", "
      '"prompt": "The capital of France is", "max_tokens": 8}\'', "curl"),
     ("ansible-playbook uma.vllm.restore -i ~/sparks -u <ssh user> --ask-vault-pass", "restore"),

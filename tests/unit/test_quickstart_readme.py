@@ -21,7 +21,7 @@ import test_quickstart_live as live
 
 README = (ROOT / "README.md").read_text()
 KNOWN = [command for command, _action in live.STEPS]
-CURL = "curl -s http://192.168.100.11:8000/v1/completions \\"
+CURL = "curl -s http://10.0.0.11:8000/v1/completions \\"
 
 
 def test_todays_readme_is_what_the_test_runs():
