@@ -11,6 +11,8 @@
 #   engine.sh kill-launcher R SIGKILL of rank R's launcher (the unit's main process); the same times,
 #                             then exactly one engine container per node (no orphan kept the name)
 #   engine.sh restart-docker R  systemctl restart docker on rank R's node under the running engine
+#   engine.sh restart R       systemctl restart of rank R's unit (an operator's restart of one rank): the
+#                             other ranks restart too (exit 69) and the whole engine serves again
 #   engine.sh reboot R        rank R's node shut down the way systemd expects (SIGRTMIN+3 to the lab
 #                             node's PID 1) and started again: the engine comes back whole by itself,
 #                             with the node's cluster link firewall loaded again where it has one
@@ -272,6 +274,9 @@ case "${1:-}" in
   restart-docker)
     fault "restart-docker-rank$2" docker exec "${nodes[$2]}" systemctl restart docker.service
     ;;
+  restart)
+    fault "systemctl-restart-rank$2" docker exec "${nodes[$2]}" systemctl restart "$unit"
+    ;;
   reboot)
     fault "reboot-rank$2" reboot_node "${nodes[$2]}"
     containers_whole
@@ -283,7 +288,7 @@ case "${1:-}" in
     fi
     ;;
   *)
-    sed -n '2,31p' "$0" >&2
+    sed -n '2,33p' "$0" >&2
     exit 2
     ;;
 esac

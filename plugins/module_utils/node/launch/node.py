@@ -263,6 +263,40 @@ def node_shutting_down() -> bool:
     return out == "stopping"
 
 
+def own_unit(cgroup_path: str = "/proc/self/cgroup") -> Optional[str]:
+    """The systemd service this process runs in (the last ``*.service`` of its cgroup), or None."""
+    try:
+        with open(cgroup_path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        path = line.split(":", 2)[-1]
+        for part in reversed(path.split("/")):
+            if part.endswith(".service") and re.match(r"^[A-Za-z0-9@_.:\\-]+$", part):
+                return part
+    return None
+
+
+def unit_restarting(unit: Optional[str], runner: Optional[Callable[..., Any]] = None) -> bool:
+    """True while systemd runs a restart job for ``unit`` (``systemctl restart``: it is stopped, then
+    started again), as ``systemctl list-jobs`` shows it: ``ID UNIT restart running``."""
+    if not unit:
+        return False
+    try:
+        done = (runner or subprocess.run)(
+            ["systemctl", "list-jobs", "--no-legend", "--plain", "--no-pager"],
+            capture_output=True, text=True, timeout=3, check=False,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    for line in (getattr(done, "stdout", "") or "").splitlines():
+        words = line.split()
+        if len(words) >= 3 and words[1] == unit and words[2] in ("restart", "try-restart", "reload-or-restart"):
+            return True
+    return False
+
+
 def exit_code(returncode: Optional[int]) -> int:
     if returncode is None:
         return 1

@@ -99,9 +99,11 @@ from .node import (
     exit_code,
     model_files,
     node_shutting_down,
+    own_unit,
     point_latest,
     set_oom_score_adj,
     stamp,
+    unit_restarting,
 )
 
 # Names other code imports from uma_launch (tests, the integration runs), kept after the split.
@@ -533,8 +535,12 @@ class Launch:
             # a node going down is not an operator stopping the engine: the other ranks must
             # restart and wait for this one to come back
             down = node_shutting_down()
-            reason = "signal %d%s" % (self.stop_signal, " (this node is shutting down)" if down else "")
-            deliberate = not down
+            # `systemctl restart` of one rank: that rank comes back and waits for the others, so they
+            # must restart too (exit 69, Restart=), not stop for good as after `systemctl stop`
+            restarting = not down and unit_restarting(own_unit())
+            why = " (this node is shutting down)" if down else " (its unit restarts)" if restarting else ""
+            reason = "signal %d%s" % (self.stop_signal, why)
+            deliberate = not down and not restarting
         else:
             code = self.engine.returncode if self.engine is not None else None
             reason, deliberate = "its engine exited with %s" % code, False
