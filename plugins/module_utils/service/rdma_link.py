@@ -395,9 +395,18 @@ def link(engine: Dict[str, Any], rdma: Optional[Dict[str, Any]]) -> Optional[Dic
         % (" over %s" % ifname if ifname else ""),
     ]
     if runtime == "container":
-        lines.append(
-            "  container: %s" % (" ".join(words) if words else "vllm_service_container_options already give it")
-        )
+        options = [str(word) for word in rdma.get("container_options") or []]
+        given = []
+        if "--device" not in words:
+            given.append("the RDMA devices")
+        if "--ulimit" not in words:
+            given.append("memlock=%s" % _memlock_value(options))
+        if "--cap-add" not in words:
+            given.append("IPC_LOCK")
+        text = " ".join(words)
+        if given:
+            text += "%s(%s from vllm_service_container_options)" % (" " if text else "", ", ".join(given))
+        lines.append("  container: %s" % text)
     else:
         lines.append("  unit: LimitMEMLOCK=infinity (uma-vllm@.service)")
     lines += ["  %s" % line for line in unused + notes]

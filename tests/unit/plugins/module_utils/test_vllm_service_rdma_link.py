@@ -120,7 +120,13 @@ def test_a_spark_with_both_halves_of_its_cx7_port_on_the_link_uses_both(spark):
         "(rdma_facts: 192.168.177.11 is RoCE v2 GID index 3 of rocep1s0f1 port 1 (netdev enp1s0f1np1))"
     )
     assert lines[1] == "  bootstrap: TCP sockets over enp1s0f1np1 (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME as before)"
-    assert lines[2] == "  container: --device /dev/infiniband --cap-add IPC_LOCK"
+    assert lines[2] == (
+        "  container: --device /dev/infiniband --cap-add IPC_LOCK (memlock=-1 from vllm_service_container_options)"
+    )
+    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR), container_options=["--privileged"]))
+    assert link["text"].split("\n")[2] == (
+        "  container: --ulimit memlock=-1:-1 (the RDMA devices, IPC_LOCK from vllm_service_container_options)"
+    )
 
 
 def test_the_launcher_config_gets_the_env_and_the_container_words(spark):
