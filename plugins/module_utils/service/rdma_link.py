@@ -377,7 +377,7 @@ def link(engine: Dict[str, Any], rdma: Optional[Dict[str, Any]]) -> Optional[Dic
             else:
                 chosen.append(device)
         if not chosen:
-            reason = "no RDMA device of the cluster link can carry it"
+            reason = "no RDMA device of the cluster link is usable"
             if unused:
                 reason += " (%s)" % "; ".join(unused)
             elif not cluster.get("found") and cluster.get("message"):
