@@ -4,7 +4,8 @@
 """Filters of the uma.vllm.vllm_service role: thin wrappers over the engine model in
 plugins/module_utils/service/engines.py (engines, checks, engine user, launcher configs, drop-ins),
 service/state.py (restarts, unit states, status), service/hub.py (models from the Hub),
-service/hub_copy.py (a multi-node engine's model copied from rank 0)
+service/hub_copy.py (a multi-node engine's model copied from rank 0),
+service/rdma_link.py (a multi-node engine's cluster link: RDMA or TCP sockets)
 and service/files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
@@ -23,6 +24,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.service import (
     firewall,
     hub,
     hub_copy,
+    rdma_link,
     state,
     version,
 )
@@ -73,6 +75,7 @@ hub_rank_errors = as_filter(hub.rank_errors)
 hub_copy_receives = as_filter(hub_copy.receives)
 hub_copy_servers = as_filter(hub_copy.servers)
 firewall_rules = as_filter(firewall.firewall_rules)
+rdma_links = as_filter(rdma_link.links)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -111,6 +114,7 @@ class FilterModule:
             "vllm_service_changed": changed,
             "vllm_service_with_peers": with_peers,
             "vllm_service_firewall_rules": firewall_rules,
+            "vllm_service_rdma_links": rdma_links,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_hub_engines": hub_engines,

@@ -70,9 +70,12 @@ def container_prefix(
     image: str,
     entrypoint: Optional[str],
     secrets_file: Optional[str] = None,
+    link_options: Optional[List[str]] = None,
 ) -> List[str]:
     """``docker run`` / ``podman run`` up to and including the image. ``secrets_file``: the
-    host file mounted read-only at SECRETS_IN_CONTAINER (the entrypoint must source it)."""
+    host file mounted read-only at SECRETS_IN_CONTAINER (the entrypoint must source it).
+    ``link_options``: what the engine's RDMA cluster link needs (service/rdma_link.py), before the
+    role's own container options."""
     kind = settings.get("container_engine") or "docker"
     argv = [
         settings.get("container_bin") or "/usr/bin/%s" % kind,
@@ -93,6 +96,7 @@ def container_prefix(
     if settings.get("oom_score_adj") not in (None, ""):
         # who dies first: the engine's processes (positive), never the watchdog or the guard
         argv += ["--oom-score-adj", str(int(settings["oom_score_adj"]))]
+    argv += [str(word) for word in link_options or []]
     argv += [str(word) for word in settings.get("container_options") or []]
     if entrypoint:
         argv += ["--entrypoint", entrypoint]

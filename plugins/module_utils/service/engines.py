@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import SECRET_ENV_RE, SECRET_FLAGS
 from ansible_collections.uma.vllm.plugins.module_utils.node.cluster.ranks import strip_flags
+from ansible_collections.uma.vllm.plugins.module_utils.service import rdma_link
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     COPY_PORT_OFFSET,
     DEFAULT_MASTER_PORT,
@@ -201,6 +202,9 @@ def check(
         )  # fmt: skip
     if "link_key_dir" in settings:
         errors.extend(link_key_dir_errors(settings["link_key_dir"], engines))
+    if "rdma" in settings:
+        # the RDMA overrides' form, before rdma_facts reads the node (service/rdma_link.py)
+        errors.extend(rdma_link.settings_errors(engines, settings["rdma"]))
     for index, engine in enumerate(engines):
         where = "vllm_service_engines[%s]" % (engine.get("name") or index)
         errors.extend(_check_name(where, engine, index, seen_names))
@@ -577,6 +581,16 @@ def ray_script(cluster: Dict[str, Any], settings: Dict[str, Any], head_addr: Opt
     return '%s start --head --port=%d%s && exec "$0" "$@"' % (ray_cmd, cluster["ray_port"], ip_opt)
 
 
+def engine_link(engine: Dict[str, Any], settings: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The engine's cluster link on this node as the role worked it out (``settings["links"]``, from
+    the filter vllm_service_rdma_links: service/rdma_link.py); None for a single-node engine or
+    where it was not worked out (TCP sockets, nothing added)."""
+    if not engine.get("cluster"):
+        return None
+    found = (settings.get("links") or {}).get(engine.get("name"))
+    return None if found is None else rdma_link.checked(engine.get("name"), found)
+
+
 def engine_command(
     engine: Dict[str, Any], settings: Dict[str, Any], env_names: List[str], script: Optional[str], worker: bool
 ) -> Tuple[List[str], Any]:
@@ -598,9 +612,10 @@ def engine_command(
         if secrets_file:
             script = SOURCE_SECRETS + script
         env_only = [key for key in env_names if key not in secret_names]
+        link = engine_link(engine, settings) or {}
         prefix = container_prefix(
             settings, engine["name"], engine["model_path"], env_only, image, "/bin/sh" if script else None,
-            secrets_file,
+            secrets_file, link.get("container_options"),
         )  # fmt: skip
         if script:
             command = [*prefix, "-c", script, *words]
@@ -636,6 +651,8 @@ def launch_config(
     head_addr = addrs.get(cluster["head"]) if cluster else None
     env = {str(k): str(v) for k, v in (plan.get("env") or engine.get("env") or {}).items()}
     env.update(cluster_env(cluster, settings, head_addr))
+    # RDMA on the cluster link: NCCL_IB_HCA, NCCL_IB_GID_INDEX (service/rdma_link.py; TCP: nothing)
+    env.update((engine_link(engine, settings) or {}).get("env") or {})
     host = engine.get("host") or settings.get("api_host") or "127.0.0.1"
     port = int(engine["port"])
     ray = bool(cluster) and cluster["backend"] == "ray"

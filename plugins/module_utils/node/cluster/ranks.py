@@ -58,6 +58,10 @@ PER_HOST_ENV = (
     "OMPI_MCA_btl_tcp_if_include",
     "RAY_NODE_IP_ADDRESS",
     "RAY_OVERRIDE_NODE_IP_ADDRESS",
+    # the cluster link's RDMA devices and GID index, read on each node (issue 35 item 2): the GID
+    # index is where that node's kernel put the address's entry
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
 )
 
 
