@@ -59,9 +59,9 @@ def test_a_restart_job_of_this_unit_is_a_restart():
 
 
 def test_a_stop_job_or_another_units_restart_is_not():
-    runner, _ = _jobs("655 uma-vllm@tp2.service stop running\n656 uma-vllm@other.service restart running\n")
+    runner, _calls = _jobs("655 uma-vllm@tp2.service stop running\n656 uma-vllm@other.service restart running\n")
     assert launch_node.unit_restarting("uma-vllm@tp2.service", runner) is False
-    runner, _ = _jobs("")
+    runner, _calls = _jobs("")
     assert launch_node.unit_restarting("uma-vllm@tp2.service", runner) is False
 
 

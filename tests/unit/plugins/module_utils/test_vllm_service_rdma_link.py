@@ -30,7 +30,7 @@ RXE_ADDR = "192.168.122.10/24"
 IFNAME = "enp1s0f1np1"
 OPTIONS = ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]  # the role's default container options
 ADDRS = {"ai1": "192.168.177.11"}
-MP_TAIL = ["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", "192.168.177.11"]
+MP_TAIL = ("--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr", "192.168.177.11")
 SETTINGS = {
     "runtime": "container",
     "container_engine": "docker",
