@@ -529,10 +529,14 @@ class Watchdog:
         self.publish_phase = None
         self.record("gave_up", action["reason"], evidence)
 
+    def leader_reaction(self) -> Tuple[Optional[str], Optional[Dict[str, Any]]]:
+        """Rank 0's status now and what this peer does about it (logic.peer_reaction)."""
+        leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"], self.key, self.refusals)
+        return logic.peer_reaction(leader, self.mine), leader
+
     def follow_leader(self) -> None:
         """Peers: carry out rank 0's restart or stop on this node's unit."""
-        leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"], self.key, self.refusals)
-        what = logic.peer_reaction(leader, self.mine)
+        what, leader = self.leader_reaction()
         if what is None or leader is None:
             return
         self.carry_out(what, leader)
@@ -543,8 +547,7 @@ class Watchdog:
         deadline = self.clock() + self.cfg["interval_s"]
         while self.clock() < deadline:
             self.sleep(min(0.5, self.cfg["interval_s"]))
-            leader = probes.fetch_status(self.cfg["leader_url"], self.cfg["health_timeout_s"], self.key, self.refusals)
-            what = logic.peer_reaction(leader, self.mine)
+            what, leader = self.leader_reaction()
             if what is not None and leader is not None:
                 if what == "start":
                     self.carry_out(what, leader)

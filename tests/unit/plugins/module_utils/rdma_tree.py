@@ -11,9 +11,12 @@ directories, and a real sysfs is made of both.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from ansible_collections.uma.vllm.plugins.module_utils.system import rdma
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "fixtures", "rdma")
 SPARK = "dgx-spark-pair-node1"
@@ -56,3 +59,12 @@ def spark_halves(line: str) -> bool:
     """The Spark tree with only the port that has the cable (its two halves), without the empty GID
     entries: what the bad-input harness builds a thousand times."""
     return "s0f0" not in line and "enP7s7" not in line and not line.endswith(" = " + ":".join(["0000"] * 8))
+
+
+def facts(sysfs_root: str, proc_root: str, cluster_addr: Optional[str] = None) -> Dict[str, Any]:
+    """What rdma_facts returns for a built tree (checked to be plain JSON, as the module's result)."""
+    result = rdma.rdma_facts(
+        rdma.check_request({"sysfs_root": sysfs_root, "proc_root": proc_root, "cluster_addr": cluster_addr})
+    )
+    json.dumps(result, allow_nan=False)  # what the module returns must be plain JSON
+    return result

@@ -11,7 +11,6 @@ tests/unit/plugins/modules/test_rdma_facts_module.py.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -26,12 +25,7 @@ SPARK_TWIN = "devices/pci0002:00/0002:00:00.0/0002:01:00.1"
 LITTLE = sys.byteorder == "little"  # the fixtures' /proc/net/route was written as a little-endian kernel does
 
 
-def facts(sysfs_root, proc_root, cluster_addr=None):
-    result = rdma.rdma_facts(
-        rdma.check_request({"sysfs_root": sysfs_root, "proc_root": proc_root, "cluster_addr": cluster_addr})
-    )
-    json.dumps(result, allow_nan=False)  # what the module returns must be plain JSON
-    return result
+facts = rdma_tree.facts
 
 
 @pytest.fixture

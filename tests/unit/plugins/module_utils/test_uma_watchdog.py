@@ -636,14 +636,19 @@ def test_memory_floors_from_the_proc_root(tmp_path, nodes, engine, running):
 # two ranks
 
 
-def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_path, nodes, engine, running):
+def _two_ranks_healthy(tmp_path, nodes, engine, running, **peer_over):
+    """Both engine units started; rank 1's watchdog (``peer_over`` on its config) then rank 0's,
+    until rank 0's is healthy. (ai1, ai2, peer, leader, rank 1's status port)."""
     ai1, ai2 = nodes("ai1"), nodes("ai2")
     for node in (ai1, ai2):
         node.run("start", "uma-vllm@main.service")
     port1, port2 = free_port(), free_port()
     peer = running(
-        config(tmp_path, ai2, engine.url, rank=1, status_port=port2, leader_url="http://127.0.0.1:%d/status" % port1)
-    )
+        config(
+            tmp_path, ai2, engine.url, rank=1, status_port=port2,
+            leader_url="http://127.0.0.1:%d/status" % port1, **peer_over,
+        )
+    )  # fmt: skip
     leader = running(
         config(
             tmp_path, ai1, engine.url, status_port=port1,
@@ -651,6 +656,11 @@ def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_pa
         )
     )  # fmt: skip
     leader.wait_phase("healthy")
+    return ai1, ai2, peer, leader, port2
+
+
+def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_path, nodes, engine, running):
+    ai1, ai2, peer, leader, port2 = _two_ranks_healthy(tmp_path, nodes, engine, running)
     status = probes.fetch_status("http://127.0.0.1:%d/status" % port2, 1.0)
     assert status["local"]["ok"] and status["rank"] == 1
     worker = ai2.worker_pid()
@@ -676,23 +686,7 @@ def test_rank1_killed_while_rank0_health_is_200_restarts_the_whole_engine(tmp_pa
 def test_a_peer_starts_its_rank_right_after_rank_0_not_a_tick_later(tmp_path, nodes, engine, running):
     """The peer's tick is long (3 s, as a real one's 5 s): after it acked the stop it keeps
     looking within that tick, so its start follows rank 0's restart_start in well under a tick."""
-    ai1, ai2 = nodes("ai1"), nodes("ai2")
-    for node in (ai1, ai2):
-        node.run("start", "uma-vllm@main.service")
-    port1, port2 = free_port(), free_port()
-    peer = running(
-        config(
-            tmp_path, ai2, engine.url, rank=1, status_port=port2, interval_s=3.0,
-            leader_url="http://127.0.0.1:%d/status" % port1,
-        )
-    )  # fmt: skip
-    leader = running(
-        config(
-            tmp_path, ai1, engine.url, status_port=port1,
-            peers=[{"name": "ai2", "url": "http://127.0.0.1:%d/status" % port2}],
-        )
-    )  # fmt: skip
-    leader.wait_phase("healthy")
+    _ai1, ai2, peer, leader, _port2 = _two_ranks_healthy(tmp_path, nodes, engine, running, interval_s=3.0)
     os.kill(ai2.worker_pid(), signal.SIGKILL)
     restart = leader.wait_for("restart", timeout=30)
     assert restart["evidence"]["peers_started"] == {"acked": ["ai2"], "missing": []}

@@ -23,7 +23,6 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks
 from ansible_collections.uma.vllm.plugins.module_utils.service import engines as model
 from ansible_collections.uma.vllm.plugins.module_utils.service import rdma_link
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import EngineModelError
-from ansible_collections.uma.vllm.plugins.module_utils.system import rdma
 
 SPARK_ADDR = "192.168.177.11/24"
 RXE_ADDR = "192.168.122.10/24"
@@ -43,12 +42,6 @@ SETTINGS = {
     "node_addr": "192.168.177.11",
     "ifnames": {"nccl": IFNAME, "gloo": IFNAME, "ucx": IFNAME},
 }
-
-
-def facts_of(sysfs_root, proc_root, cluster_addr):
-    return rdma.rdma_facts(
-        rdma.check_request({"sysfs_root": sysfs_root, "proc_root": proc_root, "cluster_addr": cluster_addr})
-    )
 
 
 @pytest.fixture
@@ -107,7 +100,7 @@ def launch(engine, rdma_settings, **over):
 
 
 def test_a_spark_with_both_halves_of_its_cx7_port_on_the_link_uses_both(spark):
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR)))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR)))
     assert link["transport"] == "rdma" and link["reason"] is None
     assert link["hcas"] == ["rocep1s0f1", "roceP2p1s0f1"] and link["gid_index"] == 3
     assert link["env"] == {"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "NCCL_IB_GID_INDEX": "3"}
@@ -123,14 +116,14 @@ def test_a_spark_with_both_halves_of_its_cx7_port_on_the_link_uses_both(spark):
     assert lines[2] == (
         "  container: --device /dev/infiniband --cap-add IPC_LOCK (memlock=-1 from vllm_service_container_options)"
     )
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR), container_options=["--privileged"]))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR), container_options=["--privileged"]))
     assert link["text"].split("\n")[2] == (
         "  container: --ulimit memlock=-1:-1 (the RDMA devices, IPC_LOCK from vllm_service_container_options)"
     )
 
 
 def test_the_launcher_config_gets_the_env_and_the_container_words(spark):
-    config = launch(tp2(), settings(facts_of(*spark, SPARK_ADDR), container_options=[]), container_options=[])
+    config = launch(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR), container_options=[]), container_options=[])
     env, command = config["env"], config["command"]
     assert env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and env["NCCL_IB_GID_INDEX"] == "3"
     # the socket interface stays for NCCL's and gloo's bootstrap
@@ -144,14 +137,14 @@ def test_the_launcher_config_gets_the_env_and_the_container_words(spark):
 
 
 def test_the_role_options_come_after_the_link_words(spark):
-    config = launch(tp2(), settings(facts_of(*spark, SPARK_ADDR)))
+    config = launch(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR)))
     command = config["command"]
     assert command.index("--cap-add") < command.index("stack=67108864")
     assert command.count("--ulimit") == 2  # memlock=-1 of the role's options is not said twice
 
 
 def test_the_native_runtime_adds_env_only(spark):
-    link = rdma_link.link(tp2(runtime="native"), settings(facts_of(*spark, SPARK_ADDR)))
+    link = rdma_link.link(tp2(runtime="native"), settings(rdma_tree.facts(*spark, SPARK_ADDR)))
     assert link["container_options"] == [] and link["env"]["NCCL_IB_GID_INDEX"] == "3"
     assert "  unit: LimitMEMLOCK=infinity (uma-vllm@.service)" in link["text"].split("\n")
 
@@ -163,13 +156,13 @@ def test_the_engine_unit_template_has_unlimited_locked_memory():
 
 
 def test_a_node_with_one_hca(rxe):
-    link = rdma_link.link(tp2(), settings(facts_of(*rxe, RXE_ADDR), ifname="eth0"))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*rxe, RXE_ADDR), ifname="eth0"))
     assert (link["transport"], link["hcas"], link["gid_index"]) == ("rdma", ["rxe0"], 1)
     assert link["env"] == {"NCCL_IB_HCA": "rxe0", "NCCL_IB_GID_INDEX": "1"}
 
 
 def test_a_node_without_rdma_keeps_todays_sockets_and_nothing_changes(tmp_path):
-    facts = facts_of(*no_rdma(tmp_path), "192.168.177.11/24")
+    facts = rdma_tree.facts(*no_rdma(tmp_path), "192.168.177.11/24")
     link = rdma_link.link(tp2(), settings(facts))
     assert link["transport"] == "tcp" and link["env"] == {} and link["container_options"] == []
     assert link["text"] == "cluster link: TCP sockets over enp1s0f1np1 (no RDMA devices on this node)"
@@ -194,7 +187,7 @@ def test_single_node_engines_have_no_link():
 
 def test_a_twin_whose_port_is_down_is_not_used_and_said_why(spark):
     put(spark[0], "roceP2p1s0f1/ports/1/state", "1: DOWN\n")
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR)))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR)))
     assert link["hcas"] == ["rocep1s0f1"] and link["env"]["NCCL_IB_HCA"] == "rocep1s0f1"
     assert link["unused"] == ["roceP2p1s0f1: not used, roceP2p1s0f1 port 1 is 1: DOWN, not ACTIVE"]
     assert "  roceP2p1s0f1: not used, roceP2p1s0f1 port 1 is 1: DOWN, not ACTIVE" in link["text"].split("\n")
@@ -203,7 +196,7 @@ def test_a_twin_whose_port_is_down_is_not_used_and_said_why(spark):
 def test_both_halves_down_is_tcp_with_the_reason_or_refused_when_rdma_is_required(spark):
     put(spark[0], "roceP2p1s0f1/ports/1/state", "1: DOWN\n")
     put(spark[0], "rocep1s0f1/ports/1/state", "1: DOWN\n")
-    facts = facts_of(*spark, SPARK_ADDR)
+    facts = rdma_tree.facts(*spark, SPARK_ADDR)
     link = rdma_link.link(tp2(), settings(facts))
     assert link["transport"] == "tcp" and link["env"] == {}
     assert "rocep1s0f1 port 1 is 1: DOWN, not ACTIVE" in link["reason"]
@@ -217,7 +210,7 @@ def test_both_halves_down_is_tcp_with_the_reason_or_refused_when_rdma_is_require
 
 def test_a_twin_without_a_roce_v2_gid_at_the_index_is_not_used(spark):
     put(spark[0], "roceP2p1s0f1/ports/1/gid_attrs/types/3", "IB/RoCE v1\n")
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR)))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR)))
     assert link["hcas"] == ["rocep1s0f1"]
     assert link["unused"] == [
         "roceP2p1s0f1: not used, roceP2p1s0f1 has no RoCE v2 GID at index 3 (its RoCE v2 GIDs: 1), and "
@@ -226,7 +219,7 @@ def test_a_twin_without_a_roce_v2_gid_at_the_index_is_not_used(spark):
 
 
 def test_an_address_on_no_rdma_device_is_tcp_with_rdma_facts_message(spark):
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, "10.9.9.9/24")))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, "10.9.9.9/24")))
     assert link["transport"] == "tcp" and "no RDMA device carries 10.9.9.9" in link["reason"]
 
 
@@ -234,7 +227,7 @@ def test_an_address_on_no_rdma_device_is_tcp_with_rdma_facts_message(spark):
 
 
 def test_rdma_false_keeps_tcp_sockets_on_an_rdma_node(spark):
-    facts = facts_of(*spark, SPARK_ADDR)
+    facts = rdma_tree.facts(*spark, SPARK_ADDR)
     link = rdma_link.link(tp2(), settings(facts, mode=False))
     assert link["transport"] == "tcp" and link["reason"] == "RDMA turned off by vllm_service_rdma: false"
     link = rdma_link.link(tp2(rdma="false"), settings(facts, mode=True))
@@ -243,7 +236,7 @@ def test_rdma_false_keeps_tcp_sockets_on_an_rdma_node(spark):
 
 
 def test_the_engine_overrides_the_hcas_and_the_gid_index(spark):
-    facts = facts_of(*spark, SPARK_ADDR)
+    facts = rdma_tree.facts(*spark, SPARK_ADDR)
     link = rdma_link.link(tp2(rdma_hcas=["rocep1s0f1"], rdma_gid_index=5), settings(facts))
     assert link["env"] == {"NCCL_IB_HCA": "rocep1s0f1", "NCCL_IB_GID_INDEX": "5"}
     assert "(vllm_service_engines[tp2].rdma_hcas)" in link["text"]
@@ -251,7 +244,7 @@ def test_the_engine_overrides_the_hcas_and_the_gid_index(spark):
 
 
 def test_the_role_overrides_and_a_named_hca_that_is_down(spark):
-    facts = facts_of(*spark, SPARK_ADDR)
+    facts = rdma_tree.facts(*spark, SPARK_ADDR)
     link = rdma_link.link(tp2(), settings(facts, hcas="rocep1s0f1, rocep1s0f0", gid_index="3"))
     assert link["hcas"] == ["rocep1s0f1", "rocep1s0f0"] and link["gid_index"] == 3
     assert link["notes"] == [
@@ -264,16 +257,16 @@ def test_the_role_overrides_and_a_named_hca_that_is_down(spark):
 
 
 def test_a_gid_index_override_that_no_device_of_the_link_has_is_tcp_said_why(spark):
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR), gid_index=5))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR), gid_index=5))
     assert link["transport"] == "tcp"
     assert "rocep1s0f1 has no RoCE v2 GID at index 5 (its RoCE v2 GIDs: 1, 3)" in link["reason"]
     # named HCAs are taken as named, with a note
-    link = rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR), hcas=["rocep1s0f1"], gid_index=5))
+    link = rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR), hcas=["rocep1s0f1"], gid_index=5))
     assert link["transport"] == "rdma" and link["notes"][0].startswith("rocep1s0f1 has no RoCE v2 GID at index 5")
 
 
 def test_a_gid_index_override_works_where_the_address_is_not_found(spark):
-    facts = facts_of(*spark, "10.9.9.9/24")
+    facts = rdma_tree.facts(*spark, "10.9.9.9/24")
     link = rdma_link.link(tp2(), settings(facts, hcas=["rocep1s0f1"], gid_index=3))
     assert link["transport"] == "rdma" and link["env"]["NCCL_IB_GID_INDEX"] == "3"
 
@@ -298,7 +291,7 @@ BAD = [
 
 @pytest.mark.parametrize("role, engine, message", BAD)
 def test_bad_overrides_are_refused_naming_the_option_the_value_and_the_fix(spark, role, engine, message):
-    rdma_settings = settings(facts_of(*spark, SPARK_ADDR), **role)
+    rdma_settings = settings(rdma_tree.facts(*spark, SPARK_ADDR), **role)
     # before anything is read from the node: the engine check of the role's first task
     errors = model.check([tp2(**engine)], {"runtime": "native", "rdma": rdma_settings}, ["ai1", "ai2"], ADDRS)
     assert any(e.startswith(message) and "Fix: " in e for e in errors), errors
@@ -310,7 +303,7 @@ def test_bad_overrides_are_refused_naming_the_option_the_value_and_the_fix(spark
 
 def test_an_hca_that_is_not_on_the_node_is_refused_naming_the_devices_there(spark):
     with pytest.raises(EngineModelError) as err:
-        rdma_link.link(tp2(), settings(facts_of(*spark, SPARK_ADDR), hcas=["mlx5_0"]))
+        rdma_link.link(tp2(), settings(rdma_tree.facts(*spark, SPARK_ADDR), hcas=["mlx5_0"]))
     assert str(err.value) == (
         "vllm_service_rdma_hcas = ['mlx5_0'] names mlx5_0, not an RDMA device of this node (it has roceP2p1s0f0, "
         "roceP2p1s0f1, rocep1s0f0, rocep1s0f1). Fix: Name devices of /sys/class/infiniband on this node, or leave "
@@ -321,7 +314,7 @@ def test_an_hca_that_is_not_on_the_node_is_refused_naming_the_devices_there(spar
 def test_rdma_required_on_a_node_without_rdma_is_refused(tmp_path):
     with pytest.raises(EngineModelError, match=r"^vllm_service_rdma = True but engine tp2 cannot use RDMA on this "
                        r"node: no RDMA devices on this node\. Fix: "):  # fmt: skip
-        rdma_link.link(tp2(), settings(facts_of(*no_rdma(tmp_path), None), mode="yes"))
+        rdma_link.link(tp2(), settings(rdma_tree.facts(*no_rdma(tmp_path), None), mode="yes"))
 
 
 def test_the_engine_env_may_not_set_what_the_link_owns():
@@ -379,7 +372,7 @@ def test_a_link_that_the_filter_did_not_make_is_refused_where_it_is_written(junk
 
 def test_the_ranks_compare_their_configs_without_the_per_node_gid_index(spark):
     """The GID index is where each node's kernel put the address: rank 0's 3 and rank 1's 5 are one engine."""
-    facts = facts_of(*spark, SPARK_ADDR)
+    facts = rdma_tree.facts(*spark, SPARK_ADDR)
     rank0 = launch(tp2(), settings(facts))
     rank1 = launch(tp2(), settings(facts, hcas=["rocep1s0f1", "roceP2p1s0f1"], gid_index=5))
     assert rank0["env"]["NCCL_IB_GID_INDEX"] != rank1["env"]["NCCL_IB_GID_INDEX"]
