@@ -60,6 +60,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -562,10 +563,28 @@ def launch_or_hang(args, cmd, config, index):
                 "vmstat": {k: 0 for k in VMSTAT}, "console": console}  # fmt: skip
 
 
+def ansible_playbook(root=None, which=shutil.which):
+    """The ansible-playbook that c runs: the checkout's .venv's (tests/setup.sh --base makes it), else one on
+    PATH. None of them: SystemExit naming both places and the fix, before anything is booted or launched
+    (issue 35 item 6: it was a FileNotFoundError traceback after the guest's set-up)."""
+    root = root or ROOT
+    mine = os.path.join(root, ".venv", "bin", "ansible-playbook")
+    if os.path.isfile(mine) and os.access(mine, os.X_OK):
+        return mine
+    found = which("ansible-playbook")
+    if found:
+        return found
+    raise SystemExit(
+        "uma_vm.py: --configs c runs site.yml with ansible-playbook, which is neither in this checkout's"
+        " .venv (%s) nor on PATH. Fix: run 'bash tests/setup.sh --base' in the checkout (it makes .venv and"
+        " links the collection), or put ansible-core >= 2.17 on PATH." % mine
+    )
+
+
 def vm_playbook(playbook, extra_vars):
     """ansible-playbook PLAYBOOK (relative to the checkout) on inventories/vm: the result and its recap line."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.environ.get("ANSIBLE_CONFIG", os.path.join(ROOT, "ansible.cfg")))
-    cmd = ["ansible-playbook", os.path.join(ROOT, playbook), "-i", os.path.join(ROOT, "inventories", "vm"),
+    cmd = [ansible_playbook(), os.path.join(ROOT, playbook), "-i", os.path.join(ROOT, "inventories", "vm"),
            "-e", json.dumps(extra_vars)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1800)
     return res, [ln for ln in res.stdout.splitlines() if ln.startswith("uma-vm ")][-1:]
@@ -614,6 +633,8 @@ def site_restore(site):
 
 
 def host(args):
+    if "c" in args.configs.split(","):
+        ansible_playbook()  # refused here, before the guest is set up, not after
     defaults = setup(args)
     reserve = int(reserve_spark_kb() * args.reserve_scale)
     print("guest defaults: %s; node_prep's reserve for a 121 GiB Spark%s: %d kB" % (

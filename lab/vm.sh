@@ -67,11 +67,47 @@ key="$cache/id_ed25519"
 ssh_opts=(-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR
   -o ConnectTimeout=5 -o BatchMode=yes -i "$key" -p "$port")
 
+# The Debian package of each host tool vm.sh runs (issue 35 item 6: on a fresh machine `up` installs
+# what is missing, as lab/up.sh does through tests/setup.sh, instead of stopping to name it).
+package_of() {
+  case "$1" in
+    qemu-system-x86_64) echo qemu-system-x86 ;;
+    debootstrap) echo debootstrap ;;
+    mkfs.ext4) echo e2fsprogs ;;
+    ssh | ssh-keygen) echo openssh-client ;;
+    unshare | flock) echo util-linux ;;
+    make) echo make ;;
+    gcc-12) echo gcc-12 ;;
+    *) echo "" ;;
+  esac
+}
+
 need() {
-  local tool
+  local tool pkg missing=() pkgs=()
   for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 && continue
+    missing+=("$tool")
+    pkg=$(package_of "$tool")
+    [ -n "$pkg" ] && [[ " ${pkgs[*]} " != *" $pkg "* ]] && pkgs+=("$pkg")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ "${#pkgs[@]}" -gt 0 ] \
+    && [ "${UMA_VM_NO_INSTALL:-0}" != 1 ]; then
+    log "missing ${missing[*]}: apt-get install ${pkgs[*]}"
+    local cache_log
+    cache_log=$(mktemp)
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>"$cache_log" \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}" \
+        >/dev/null 2>>"$cache_log"; }; then
+      tail -20 "$cache_log" >&2
+      rm -f "$cache_log"
+      die "apt-get install ${pkgs[*]} failed (above); install them by hand and run 'lab/vm.sh up' again"
+    fi
+    rm -f "$cache_log"
+  fi
+  for tool in "${missing[@]}"; do
     command -v "$tool" >/dev/null 2>&1 \
-      || die "'$tool' is missing; install it (apt-get install qemu-system-x86 qemu-utils debootstrap e2fsprogs openssh-client)"
+      || die "'$tool' is missing; install it as root: apt-get install ${pkgs[*]:-<the package with $tool>}"
   done
 }
 

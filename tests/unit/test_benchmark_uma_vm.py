@@ -8,6 +8,7 @@ import importlib.util
 import json
 import pathlib
 import subprocess
+import sys
 
 import pytest
 
@@ -145,3 +146,40 @@ def test_the_report_says_what_the_admission_waited_for_and_what_the_engine_check
     )
     assert lines["d"].startswith("d: admitted 1, refused 1 of 2 (exit 75: 1); waited s median 14.6 (max 20.1)")
     assert "the engine's own check failed 0" in lines["d"]
+
+
+# ---- issue 35 item 6: c from a fresh clone, ansible-playbook not on PATH
+
+
+def test_c_runs_the_checkouts_venv_ansible_playbook_when_path_has_none(uma_vm, tmp_path):
+    tool = tmp_path / ".venv" / "bin" / "ansible-playbook"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert uma_vm.ansible_playbook(str(tmp_path), which=lambda _name: None) == str(tool)
+
+
+def test_c_falls_back_to_the_ansible_playbook_on_path(uma_vm, tmp_path):
+    tool = tmp_path / ".venv" / "bin" / "ansible-playbook"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("not executable\n")  # a .venv half made: not used
+    assert uma_vm.ansible_playbook(str(tmp_path), which=lambda name: "/opt/x/" + name) == "/opt/x/ansible-playbook"
+
+
+def test_c_without_any_ansible_playbook_is_refused_before_the_guest_is_touched(tmp_path):
+    """The script as a user runs it: PATH without ansible-playbook and a checkout copy without .venv.
+    Before the fix this was a FileNotFoundError traceback after the guest's set-up (setup() boots
+    nothing here: it is never reached)."""
+    bench = tmp_path / "benchmarks"
+    bench.mkdir()
+    (bench / "uma_vm.py").write_bytes((ROOT / "benchmarks" / "uma_vm.py").read_bytes())
+    (tmp_path / "empty").mkdir()  # PATH: a folder with no ansible-playbook, whatever the machine has
+    env = {"PATH": str(tmp_path / "empty"), "UMA_VM_CACHE": str(tmp_path / "cache")}
+    res = subprocess.run(
+        [sys.executable, str(bench / "uma_vm.py"), "--configs", "c", "--launches", "1"],
+        capture_output=True, text=True, env=env, check=False, timeout=60,
+    )  # fmt: skip
+    assert res.returncode == 1, res
+    assert "Traceback" not in res.stderr
+    assert "neither in this checkout's .venv" in res.stderr and "tests/setup.sh --base" in res.stderr
+    assert not (tmp_path / "cache").exists()
