@@ -113,15 +113,28 @@ need() {
 
 fetch_debs() {
   mkdir -p "$cache/debs"
-  local pkg missing=()
+  local pkg missing=() kbuild upstream=${kpkgver%-*}
   for pkg in "linux-image-${kver}_${kpkgver}_amd64" "linux-headers-${kver}_${kpkgver}_amd64" \
-    "linux-headers-${kver%-amd64}-common_${kpkgver}_all" "linux-kbuild-6.1_${kpkgver}_amd64"; do
+    "linux-headers-${kver%-amd64}-common_${kpkgver}_all"; do
     [ -f "$cache/debs/$pkg.deb" ] || missing+=("${pkg%%_*}=$kpkgver")
   done
+  # linux-kbuild-6.1 (the module build's tools) is built from another source package than the
+  # signed image, and Debian's security archive keeps only its newest revision: any revision of the
+  # same upstream release builds modules for this kernel (seen 28 Nov 2026: the image at 6.1.192-2,
+  # kbuild only at 6.1.192-3; pinning 6.1.192-2 failed on a fresh machine).
+  if ! compgen -G "$cache/debs/linux-kbuild-6.1_${upstream}-*_amd64.deb" >/dev/null; then
+    kbuild=$(apt-cache madison linux-kbuild-6.1 2>/dev/null | awk -v up="$upstream-" '
+      { gsub(/ /, "", $3); if (index($3, up) == 1) { print $3; exit } }')
+    [ -n "$kbuild" ] || die "apt has no linux-kbuild-6.1 of Linux $upstream (it has: $(apt-cache madison \
+linux-kbuild-6.1 2>/dev/null | awk '{print $3}' | tr '\n' ' ')); run apt-get update, or give lab/vm.sh's kver and \
+kpkgver a kernel apt has (apt-cache madison 'linux-image-6.1.0-*-amd64')"
+    missing+=("linux-kbuild-6.1=$kbuild")
+  fi
   [ "${#missing[@]}" -eq 0 ] && return 0
   log "apt-get download ${missing[*]}"
   (cd "$cache/debs" && apt-get download "${missing[@]}" >/dev/null 2>"$cache/apt-download.log") \
-    || { cat "$cache/apt-download.log" >&2; die "apt-get download failed (run apt-get update?)"; }
+    || { cat "$cache/apt-download.log" >&2; die "apt-get download failed (run apt-get update?; lab/vm.sh's kver \
+$kver / kpkgver $kpkgver must be a kernel apt has: apt-cache madison linux-image-$kver)"; }
 }
 
 # Headers for building modules on the host: dpkg -x, never installed. The
