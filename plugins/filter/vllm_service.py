@@ -5,7 +5,8 @@
 plugins/module_utils/service/engines.py (engines, checks, engine user, launcher configs, drop-ins),
 service/state.py (restarts, unit states, status), service/hub.py (models from the Hub),
 service/hub_copy.py (a multi-node engine's model copied from rank 0),
-service/rdma_link.py (a multi-node engine's cluster link: RDMA or TCP sockets)
+service/rdma_link.py (a multi-node engine's cluster link: RDMA or TCP sockets),
+service/link_preflight.py (that link checked on all the engine's nodes before anything changes)
 and service/files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
@@ -24,6 +25,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.service import (
     firewall,
     hub,
     hub_copy,
+    link_preflight,
     rdma_link,
     state,
     version,
@@ -76,6 +78,8 @@ hub_copy_receives = as_filter(hub_copy.receives)
 hub_copy_servers = as_filter(hub_copy.servers)
 firewall_rules = as_filter(firewall.firewall_rules)
 rdma_links = as_filter(rdma_link.links)
+link_view = as_filter(link_preflight.view)
+link_preflight_checks = as_filter(link_preflight.preflight)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -115,6 +119,8 @@ class FilterModule:
             "vllm_service_with_peers": with_peers,
             "vllm_service_firewall_rules": firewall_rules,
             "vllm_service_rdma_links": rdma_links,
+            "vllm_service_link_view": link_view,
+            "vllm_service_link_preflight": link_preflight_checks,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_hub_engines": hub_engines,
