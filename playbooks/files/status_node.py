@@ -4,8 +4,11 @@
 # and changes nothing, what each engine's rank on this node is doing and prints it as JSON: its unit
 # and its watchdog's unit (systemctl show), the launcher config (health URL, rank), the watchdog's
 # state.json (phase, reason) and last restart or give-up (events.json), the last launch record
-# (exit, why it stopped), the node's memory and one GET of the health URL. Secrets are never read
-# (the EnvironmentFiles are not opened). Standard library only (the node's Python).
+# (exit, why it stopped), the node's memory and one GET of the health URL; from the config's plan the
+# model, the vLLM release, the KV tokens and --gpu-memory-utilization it was planned for; for the
+# container runtime the rank's container (its image, image id and registry digest, state, and the
+# memory of its own cgroup: the launcher's unit holds only the client). Secrets are never read (the
+# EnvironmentFiles are not opened). Standard library only (the node's Python).
 import json
 import os
 import subprocess
@@ -57,6 +60,67 @@ def health(url):
         return getattr(exc, "code", None) or type(exc).__name__
 
 
+def run(argv):
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=15)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def cgroup_memory(pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
+    """Bytes the cgroup of ``pid`` uses: cgroup v2 ``memory.current``, else the v1 memory controller's
+    ``memory.usage_in_bytes`` (a hybrid host); None where neither can be read."""
+    try:
+        with open(os.path.join(proc_root, str(int(pid)), "cgroup"), encoding="ascii") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, ValueError, TypeError):
+        return None
+    places = []
+    for line in lines:
+        number, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if number == "0" and controllers == "":
+            places.append((path, "memory.current"))
+        elif "memory" in controllers.split(","):
+            places.insert(0, (os.path.join("memory", path.lstrip("/")), "memory.usage_in_bytes"))
+    for path, name in places:
+        if ".." in path.split("/"):
+            continue
+        try:
+            with open(os.path.join(cgroup_root, path.lstrip("/"), name), encoding="ascii") as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def container(name, command):
+    """The rank's container when the launcher's command runs one (``CLIENT run ... --name uma-vllm-NAME``)."""
+    words = [str(w) for w in command] if isinstance(command, list) else []
+    want = "uma-vllm-" + name
+    if "run" not in words[:3] or not any(a == "--name" and b == want for a, b in zip(words, words[1:])):
+        return None
+    client = words[0]
+    shown = run([client, "inspect", "--format", "{{.Config.Image}}|{{.Image}}|{{.State.Status}}|{{.State.Pid}}", want])
+    if not shown:
+        return {"name": want, "state": "absent"}
+    image, image_id, state, pid = [*shown.split("|"), "", "", "", ""][:4]
+    digests = run([client, "image", "inspect", "--format", "{{json .RepoDigests}}", image]) or "[]"
+    try:
+        digests = [d for d in json.loads(digests) if isinstance(d, str)]
+    except ValueError:
+        digests = []
+    return {
+        "name": want,
+        "image": image,
+        "image_id": image_id,
+        "digests": digests,
+        "state": state,
+        "memory": cgroup_memory(pid) if pid.isdigit() and pid != "0" else None,
+    }
+
+
 def meminfo():
     out = {}
     try:
@@ -76,6 +140,7 @@ def main(config_dir, state_dir, names):
     for name in names:
         config = read_json(os.path.join(config_dir, "engines", name + ".json")) or {}
         cluster = config.get("cluster") or {}
+        plan = config.get("plan") if isinstance(config.get("plan"), dict) else {}
         launch = read_json(os.path.join(state_dir, "launches", name, "latest", "launch.json")) or {}
         watchdog = read_json(os.path.join(state_dir, "watchdog", name, "state.json")) or {}
         engines[name] = {
@@ -88,6 +153,9 @@ def main(config_dir, state_dir, names):
             "watchdog": {k: watchdog.get(k) for k in ("phase", "reason", "restarts_in_window") if k in watchdog},
             "last_restart": last_event(read_json(os.path.join(state_dir, "watchdog", name, "events.json"))),
             "last_launch": {k: launch.get(k) for k in ("exit_code", "stopped_because", "started_at") if k in launch},
+            "model": config.get("model_path"),
+            "plan": {k: plan.get(k) for k in ("vllm_version", "kv_tokens", "gpu_memory_utilization") if k in plan},
+            "container": container(name, config.get("command")),
         }
     print(json.dumps({"memory": meminfo(), "engines": engines}))
 

@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
@@ -41,9 +42,30 @@ def node(tmp_path):
     (tmp_path / "etc/engines").mkdir(parents=True)
     (tmp_path / "etc/engines/tp2.json").write_text(
         json.dumps(
-            {"engine": "tp2", "health_url": "http://127.0.0.1:%d/health" % port, "cluster": {"rank": 0, "nnodes": 2}}
+            {"engine": "tp2", "health_url": "http://127.0.0.1:%d/health" % port, "cluster": {"rank": 0, "nnodes": 2},
+             "model_path": "/models/tiny-1g",
+             "plan": {"vllm_version": "0.32.0", "kv_tokens": 2064, "gpu_memory_utilization": 0.036, "table": "x"}}
         )
+    )  # fmt: skip
+    # A container engine: the launcher's command runs `CLIENT run ... --name uma-vllm-box`. The client is a
+    # stand-in for docker's CLI (no Docker daemon in the unit stage): it answers `inspect` with this test's
+    # own pid, so the memory shown is read from a real cgroup (this process's), and `image inspect`.
+    (tmp_path / "systemd/uma-vllm@box.service.d").mkdir(parents=True)
+    client = tmp_path / "bin/docker-standin"
+    client.parent.mkdir()
+    client.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = inspect ]; then\n'
+        '  echo "reg.lab:5000/vllm:0.32.0|sha256:0123456789abcdef0123|running|%d"; exit 0\n'
+        "fi\n"
+        'if [ "$1 $2" = "image inspect" ]; then echo \'["reg.lab:5000/vllm@sha256:feed"]\'; exit 0; fi\n'
+        "exit 1\n" % os.getpid()
     )
+    client.chmod(0o755)
+    (tmp_path / "etc/engines/box.json").write_text(
+        json.dumps({"engine": "box", "health_url": "http://127.0.0.1:1/health", "model_path": "/models/m",
+                    "command": [str(client), "run", "--rm", "--name", "uma-vllm-box", "reg.lab:5000/vllm:0.32.0"]})
+    )  # fmt: skip
     (tmp_path / "etc/engines/solo.json").write_text(
         json.dumps({"engine": "solo", "health_url": "http://127.0.0.1:1/health"})
     )
@@ -89,8 +111,16 @@ def test_status_playbook_reports_each_engine_and_changes_nothing(node):
     assert "last restart: gave_up at 2026-11-25T20:00:00Z: gave up after 3 restarts" in lines
     assert "GAVE UP" in lines and "ansible-playbook site.yml" in lines
     # tp2 is in the inventory, solo is not
-    assert lines.count("not in vllm_service_engines") == 1
-    assert lines.index("solo single node") < lines.index("not in vllm_service_engines") < lines.index("tp2 rank 0")
+    assert lines.count("not in vllm_service_engines") == 2  # box and solo
+    assert lines.index("solo single node") < lines.rindex("not in vllm_service_engines") < lines.index("tp2 rank 0")
+    assert "    model /models/tiny-1g, vLLM 0.32.0, planned KV 2,064 tokens, --gpu-memory-utilization 0.036" in lines
+    # the container's own memory (a real cgroup's), its image, id and registry digest
+    box = re.search(
+        r"container uma-vllm-box running, memory ([0-9]+) MiB \(its cgroup\); image "
+        r"reg.lab:5000/vllm:0.32.0 \(id sha256:0123456789ab; reg.lab:5000/vllm@sha256:feed\)",
+        lines,
+    )
+    assert box and int(box.group(1)) > 0, lines
     assert "never-read" not in out  # the EnvironmentFile is never opened
     assert _tree(root) == before
 
@@ -123,3 +153,15 @@ def test_garbage_from_the_node_is_no_traceback():
     assert sr.status_report(None, "h", None)["lines"] == ["h: no engine installed"]
     report = sr.status_report({"engines": {"x": "garbage"}, "memory": {}}, "h", [])
     assert report["engines"][0]["unit"] == "unknown (?)" and report["engines"][0]["memory_mib"] is None
+
+
+def test_a_container_that_is_gone_and_a_loaded_image_are_said_plainly():
+    node = {"engines": {"box": {"container": {"name": "uma-vllm-box", "state": "absent"}},
+                        "img": {"container": {"name": "uma-vllm-img", "state": "exited", "image": "lab/vllm:1",
+                                              "image_id": "sha256:abc", "digests": [], "memory": None}}}}  # fmt: skip
+    lines = sr.status_report(node, "h", ["box", "img"])["lines"]
+    assert "    container uma-vllm-box: none" in lines
+    assert (
+        "    container uma-vllm-img exited, memory - MiB (its cgroup); image lab/vllm:1 (id sha256:abc; no registry"
+        " digest (loaded, not pulled))" in lines
+    )

@@ -2,7 +2,9 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What playbooks/status.yml shows per engine and rank: the unit, the watchdog's phase, the last
-restart and why, memory and the URL, from what playbooks/files/status_node.py read on the node.
+restart and why, memory and the URL, the model, the vLLM release, KV tokens and utilization of the
+plan, and for the container runtime the rank's container (image, image id and registry digest, state,
+the memory of its own cgroup), from what playbooks/files/status_node.py read on the node.
 Pure; the filter uma.vllm.status_report (plugins/filter/status.py) wraps it. Tests:
 tests/unit/plugins/module_utils/test_status_report.py.
 """
@@ -41,6 +43,8 @@ def engine_status(name: str, seen: Dict[str, Any], host: str, defined: bool) -> 
     last = seen.get("last_restart") or {}
     launch = seen.get("last_launch") or {}
     rank = seen.get("rank")
+    plan = seen.get("plan") if isinstance(seen.get("plan"), dict) else {}
+    box = seen.get("container") if isinstance(seen.get("container"), dict) else None
     return {
         "engine": name,
         "host": host,
@@ -60,7 +64,41 @@ def engine_status(name: str, seen: Dict[str, Any], host: str, defined: bool) -> 
         "url": api_url(seen.get("health_url"), rank, host),
         "gave_up": watchdog.get("phase") == "gave_up",
         "in_inventory": defined,
-    }
+        "model": seen.get("model"),
+        "vllm_version": plan.get("vllm_version"),
+        "kv_tokens": plan.get("kv_tokens"),
+        "gpu_memory_utilization": plan.get("gpu_memory_utilization"),
+        "container": None if box is None else {
+            "name": box.get("name"), "state": box.get("state"), "image": box.get("image"),
+            "image_id": box.get("image_id"), "digests": list(box.get("digests") or []),
+            "memory_mib": _mib(box.get("memory")),
+        },
+    }  # fmt: skip
+
+
+def _plan_line(e: Dict[str, Any]) -> Optional[str]:
+    parts = []
+    if e["model"]:
+        parts.append("model %s" % e["model"])
+    if e["vllm_version"]:
+        parts.append("vLLM %s" % e["vllm_version"])
+    if isinstance(e["kv_tokens"], int) and not isinstance(e["kv_tokens"], bool):
+        parts.append("planned KV %s tokens" % format(e["kv_tokens"], ","))
+    if e["gpu_memory_utilization"] is not None:
+        parts.append("--gpu-memory-utilization %s" % e["gpu_memory_utilization"])
+    return "    " + ", ".join(parts) if parts else None
+
+
+def _container_line(box: Optional[Dict[str, Any]]) -> Optional[str]:
+    if box is None:
+        return None
+    if box["state"] == "absent":
+        return "    container %s: none" % box["name"]
+    image_id = str(box["image_id"] or "?")
+    digest = ", ".join(box["digests"]) if box["digests"] else "no registry digest (loaded, not pulled)"
+    memory = "%s MiB" % box["memory_mib"] if box["memory_mib"] is not None else "- MiB"
+    return "    container %s %s, memory %s (its cgroup); image %s (id %s; %s)" % (
+        box["name"], box["state"], memory, box["image"], image_id[:19], digest)  # fmt: skip
 
 
 def status_report(node: Any, host: str, defined: Any) -> Dict[str, Any]:
@@ -86,6 +124,9 @@ def status_report(node: Any, host: str, defined: Any) -> Dict[str, Any]:
                e["watchdog"], (" (%s)" % e["watchdog_reason"]) if e["watchdog_reason"] else "",
                e["health"] if e["health"] is not None else "-", ("; API %s" % e["url"]) if e["url"] else "")
         )  # fmt: skip
+        for extra in (_plan_line(e), _container_line(e["container"])):
+            if extra:
+                lines.append(extra)
         if e["last_restart"]:
             lines.append("    last restart: %s" % e["last_restart"])
         if e["gave_up"]:
