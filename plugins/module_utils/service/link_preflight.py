@@ -65,8 +65,8 @@ def view(facts: Any, addr: Any, ifname: Any = None) -> Dict[str, Any]:
     ``addr``, whether it is up, its MTU; ``checked`` False (and ``why``) when the facts have no
     interfaces (not gathered) or there is no address."""
     out: Dict[str, Any] = {"addr": None if addr in (None, "") else str(addr), "ifname": ifname or None,
-                           "checked": False, "interface": None, "up": None, "mtu": None, "why": None,
-                           "interfaces": []}  # fmt: skip
+                           "checked": False, "interface": None, "up": None, "mtu": None, "speed_mbit": None,
+                           "why": None, "interfaces": []}  # fmt: skip
     if out["addr"] is None:
         out["why"] = "no uma_cluster_addr"
         return out
@@ -85,8 +85,11 @@ def view(facts: Any, addr: Any, ifname: Any = None) -> Dict[str, Any]:
             out["interfaces"].append("%s %s" % (device, ",".join(addrs) or "(no address)"))
         if out["interface"] is None and any(_same(out["addr"], a) for a in addrs):
             mtu = entry.get("mtu")
+            speed = entry.get("speed")
             out.update(interface=device, up=bool(entry.get("active")),
-                       mtu=mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else None)  # fmt: skip
+                       mtu=mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else None,
+                       speed_mbit=speed if isinstance(speed, int) and not isinstance(speed, bool) and speed > 0
+                       else None)  # fmt: skip
     return out
 
 
