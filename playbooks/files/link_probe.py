@@ -48,7 +48,7 @@ def server(bind, port, timeout_s):
     with conn:
         conn.settimeout(timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(PINGS):
+        for _ping in range(PINGS):
             conn.sendall(_exact(conn, 1))
         # the throughput phase: bytes until the client shuts its side, timed first to last byte
         got, first, last = 0, None, None
@@ -79,7 +79,7 @@ def client(src, dst, port, seconds):
     with conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         rtts = []
-        for _ in range(PINGS):
+        for _ping in range(PINGS):
             t0 = time.perf_counter()
             conn.sendall(b"x")
             _exact(conn, 1)

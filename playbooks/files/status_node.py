@@ -78,8 +78,8 @@ def cgroup_memory(pid, proc_root="/proc", cgroup_root="/sys/fs/cgroup"):
         return None
     places = []
     for line in lines:
-        number, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+        number, _sep, rest = line.partition(":")
+        controllers, _sep, path = rest.partition(":")
         if number == "0" and controllers == "":
             places.append((path, "memory.current"))
         elif "memory" in controllers.split(","):

@@ -167,11 +167,8 @@ def preflight(engines: Any, hostvars: Any) -> Dict[str, Any]:
                 transports[host] = link["transport"]
         mtus = {h: v["mtu"] for h, v in views.items() if v.get("interface") and isinstance(v.get("mtu"), int)}
         if len(set(mtus.values())) > 1:
-            errors.append(_err(
-                "the cluster link of engine %s" % name, ", ".join("%s %s mtu %d" % (h, views[h]["interface"], m)
-                                                                   for h, m in sorted(mtus.items())),
-                "has different MTUs on its ends", MTU_FIX,
-            ))  # fmt: skip
+            ends = ", ".join("%s %s mtu %d" % (h, views[h]["interface"], m) for h, m in sorted(mtus.items()))
+            errors.append(_err("the cluster link of engine %s" % name, ends, "has different MTUs on its ends", MTU_FIX))
         if len(set(transports.values())) > 1:
             errors.append(_err(
                 "the cluster link of engine %s" % name,

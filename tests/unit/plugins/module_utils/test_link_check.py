@@ -29,8 +29,8 @@ ENGINES = [
 
 
 def facts(addr, speed):
-    return {"interfaces": ["eth0"], "eth0": {"device": "eth0", "active": True, "mtu": 9000, "speed": speed,
-                                              "ipv4": {"address": addr}}}  # fmt: skip
+    eth0 = {"device": "eth0", "active": True, "mtu": 9000, "speed": speed, "ipv4": {"address": addr}}
+    return {"interfaces": ["eth0"], "eth0": eth0}
 
 
 HOSTVARS = {
@@ -125,6 +125,6 @@ def test_the_probe_says_what_went_wrong_when_nobody_listens():
     code = PROBE.read_text()
     start = time.monotonic()
     lone = subprocess.run([sys.executable, "-c", code, "server", "127.0.0.1", str(port), "0.3"],
-                            capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+                          capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert lone.returncode == 1 and json.loads(lone.stdout) == {"error": "no client within 0 s"}
     assert time.monotonic() - start < 10
