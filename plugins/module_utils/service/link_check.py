@@ -22,7 +22,8 @@ import json
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.uma.vllm.plugins.module_utils.service import link_preflight
-from ansible_collections.uma.vllm.plugins.module_utils.service.base import EngineModelError, _err
+from ansible_collections.uma.vllm.plugins.module_utils.service.base import EngineModelError, _err, node_ports
+from ansible_collections.uma.vllm.plugins.module_utils.service.engines import host_engines
 
 PORT_FIX = "Give link_check_port a TCP port from 1024 to 65000 that no engine of the nodes listens on."
 
@@ -62,22 +63,14 @@ def pairs(engines: Any, hostvars: Any, play_hosts: Any, port: Any = 29590) -> Li
     out = list(found.values())
     for index, entry in enumerate(out):
         entry["port"] = port + index
-        for engine in engines or []:
-            busy = _engine_ports(engine)
-            if isinstance(engine, dict) and entry["server"] in (engine.get("nodes") or []) and entry["port"] in busy:
-                raise EngineModelError(_err("link_check_port", port, "gives port %d, which engine %s listens on" % (
-                    entry["port"], engine.get("name")), PORT_FIX))  # fmt: skip
+        # the ports the server node's engines listen on (service/base.py's one rule, node_ports)
+        for engine in host_engines(engines or [], entry["server"]):
+            owner = node_ports(engine).get(entry["port"])
+            if owner:
+                raise EngineModelError(_err("link_check_port", port, "gives port %d on %s, where engine %s's %s"
+                                            " listens" % (entry["port"], entry["server"], engine.get("name"),
+                                                          owner[1]), PORT_FIX))  # fmt: skip
     return out
-
-
-def _engine_ports(engine: Any) -> List[int]:
-    if not isinstance(engine, dict):
-        return []
-    ports = [engine.get(k) for k in ("port", "master_port", "link_port", "ray_port")]
-    master = engine.get("master_port") or 29501
-    if isinstance(master, int):
-        ports += [master + k for k in range(0, 13)]
-    return [p for p in ports if isinstance(p, int)]
 
 
 def _rate(view: Optional[Dict[str, Any]]) -> str:

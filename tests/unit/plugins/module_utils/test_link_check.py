@@ -53,10 +53,15 @@ def test_a_node_outside_the_play_is_named_not_measured():
     assert out["lines"][0].endswith("not measured, ai2 is not in this play (--limit, or unreachable)")
 
 
-@pytest.mark.parametrize("port", [80, 70000, "x", True, 29501, 29511])
+@pytest.mark.parametrize("port", [80, 70000, "x", True, 8100, 29501, 29511, 29512, 29601])
 def test_a_bad_or_busy_probe_port_is_refused_naming_it(port):
     with pytest.raises(EngineModelError, match=r"link_check_port = .* Fix: Give link_check_port"):
         lc.pairs(ENGINES, HOSTVARS, ["ai1", "ai2"], port)
+
+
+def test_a_busy_port_names_the_engine_and_what_listens_there():
+    with pytest.raises(EngineModelError, match=r"gives port 8100 on ai1, where engine tp2's API listens"):
+        lc.pairs(ENGINES, HOSTVARS, ["ai1", "ai2"], 8100)
 
 
 def test_the_report_says_the_numbers_against_the_interface_rate():
