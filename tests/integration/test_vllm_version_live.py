@@ -109,7 +109,7 @@ def model(tmp_path_factory):
     return out
 
 
-def play(tmp_path, model, engines, extra=""):
+def play(tmp_path, model, engines, extra="", check=False, pull=False):
     body = """- hosts: localhost
   gather_facts: false
   vars:
@@ -120,7 +120,7 @@ def play(tmp_path, model, engines, extra=""):
     vllm_service_native_model_flag: --model
     vllm_service_container_bin: /usr/bin/docker
     vllm_service_container_gpus: ""
-    vllm_service_pull_image: false
+    vllm_service_pull_image: %(pull)s
     vllm_service_hf_cache: %(tmp)s/hf
     vllm_service_state_dir: %(tmp)s/state
     vllm_service_config_dir: %(tmp)s/etc
@@ -131,13 +131,13 @@ def play(tmp_path, model, engines, extra=""):
     vllm_service_engines: %(engines)s
 %(extra)s
   roles: [uma.vllm.vllm_service]
-""" % {"venv": VENV, "tmp": tmp_path, "engines": json.dumps(engines), "extra": extra}
+""" % {"venv": VENV, "tmp": tmp_path, "engines": json.dumps(engines), "extra": extra, "pull": json.dumps(pull)}
     (tmp_path / "play.yml").write_text(body)
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / ".cache" / "collections"), ANSIBLE_NOCOLOR="1")
     env["ANSIBLE_PYTHON_INTERPRETER"] = sys.executable
     proc = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "localhost,", "-c", "local",
-         str(tmp_path / "play.yml")],
+         str(tmp_path / "play.yml"), *(["--check", "--diff"] if check else [])],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900, check=False,
     )  # fmt: skip
     return " ".join((proc.stdout + proc.stderr).split()), proc
@@ -193,4 +193,32 @@ def test_an_image_for_another_architecture_is_refused(tmp_path, model, images):
     assert proc.returncode == 2, out
     assert "image %s on this node is built for arm64, the node is x86_64 (amd64)" % images["arm"] in out, out
     assert "TASK [uma.vllm.vllm_service : Plan each engine" not in out
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "state").exists()
+
+
+def test_check_mode_on_a_node_without_the_image_plans_for_the_release_the_run_will_pull(tmp_path, model, images):
+    """Issue 34: the dry run of a fresh node. The image is not on the node and check mode pulls
+    nothing: the play says it will pull it and plans for the release NVIDIA's notes give for that
+    NGC tag (0.20.1 for 26.05-py3), marked NOT read; nothing is written. An image whose release
+    cannot be told from its reference is refused naming the value to set."""
+    ngc = "nvcr.io/nvidia/vllm:26.05-py3"
+    assert _image_id(ngc) is None, "this test needs %s absent from the machine" % ngc
+    no_arch = "    vllm_service_check_image_arch: false"
+    engines = [{"name": "ctr", "port": 18104, "model_path": str(model), "runtime": "container", "image": ngc,
+                "plan": {"max_model_len": 512, "max_num_seqs": 4}}]  # fmt: skip
+    out, proc = play(tmp_path, model, engines, no_arch, check=True, pull=True)
+    assert "localhost: check mode: the run will pull %s (not on the node)" % ngc in out, out
+    assert "ctr: planned for vLLM 0.20.1 (image %s, NOT read) WARNING: check mode: the image is not on" % ngc in out
+    assert "planned now for 0.20.1 from NVIDIA" in out and "release notes of NGC vLLM 26.05" in out, out
+    tables = out[out.index("Show each engine's planned budget") :]
+    assert "vLLM 0.20.1 plan for LlamaForCausalLM" in tables, tables[:2000]
+    assert _image_id(ngc) is None
+    assert not (tmp_path / "etc").exists() and not (tmp_path / "state").exists()
+    latest = "uma-lab/vllm-cpu:latest"
+    assert _image_id(latest) is None
+    engines[0]["image"] = latest
+    out, proc = play(tmp_path, model, engines, no_arch, check=True, pull=True)
+    assert proc.returncode == 2, out
+    assert "check mode: image %s is not on the node and is not pulled in check mode" % latest in out, out
+    assert "Fix for the dry run: set vllm_service_vllm_version" in out
     assert not (tmp_path / "etc").exists() and not (tmp_path / "state").exists()

@@ -50,6 +50,23 @@ ARCH_ALIASES = {
     "s390x": "s390x",
 }
 PYTHON_RE = re.compile(r"^[A-Za-z0-9_./+-]+$")
+# Check mode does not pull (issue 34): the release an image that is not on the node yet will have,
+# predicted from its reference. A tag that is a vLLM release (vllm/vllm-openai:v0.32.0,
+# ...:v0.32.0-aarch64-cu130) on a repository named for vLLM, or one of NVIDIA's NGC vLLM container
+# releases whose release notes name the vLLM in it
+# (docs.nvidia.com/deeplearning/frameworks/vllm-release-notes/rel-YY-MM.html, "Contents of the
+# vLLM container", read 28 Nov 2026). Only a prediction for the dry run: the run reads the pulled
+# image's own package metadata and plans for that.
+NGC_VLLM_REPOSITORY = "nvcr.io/nvidia/vllm"
+NGC_VLLM_RELEASES = {
+    "25.10": "0.10.2",
+    "26.01": "0.11.1",
+    "26.03": "0.17.1",
+    "26.05": "0.20.1",
+    "26.10": "0.31.0",
+}
+NGC_TAG_RE = re.compile(r"^(\d\d\.\d\d)-py3(?:-[A-Za-z0-9._-]+)?$")
+RELEASE_TAG_RE = re.compile(r"^v?(\d+\.\d+(?:\.\d+)?)(?:\.post\d+)?(?:[-+][A-Za-z0-9._-]*)?$")
 
 
 def probe_argv(bin_path: str, image: str, python: str) -> List[str]:
@@ -144,6 +161,34 @@ def local_images(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, str]]:
             image = str((result.get("item") or {}).get("image"))
             out[image] = {"id": words[0], "arch": words[1] if len(words) > 1 else ""}
     return out
+
+
+def split_reference(image: str) -> Tuple[str, Optional[str]]:
+    """``registry/path/name:tag`` -> (repository, tag); a digest reference or no tag -> (repository, None)."""
+    if "@" in image:
+        return image.split("@", 1)[0], None
+    name, _sep, tag = image.rpartition(":")
+    if not _sep or "/" in tag:
+        return image, None
+    return name, tag
+
+
+def predict_version(image: str) -> Tuple[Optional[str], str]:
+    """The vLLM release an image not yet on the node will have, and where that comes from; or
+    (None, why not). Used only in check mode, where nothing is pulled."""
+    repository, tag = split_reference(str(image))
+    if tag is None:
+        return None, "its reference has no tag"
+    if repository == NGC_VLLM_REPOSITORY or repository.endswith("/" + NGC_VLLM_REPOSITORY):
+        match = NGC_TAG_RE.match(tag)
+        if match and match.group(1) in NGC_VLLM_RELEASES:
+            return NGC_VLLM_RELEASES[match.group(1)], "NVIDIA's release notes of NGC vLLM %s" % match.group(1)
+        return None, "NGC vLLM %s is not among the releases whose notes the role knows (%s)" % (
+            tag, ", ".join(sorted(NGC_VLLM_RELEASES)))  # fmt: skip
+    match = RELEASE_TAG_RE.match(tag)
+    if match and "vllm" in repository.rsplit("/", 1)[-1].lower():
+        return match.group(1), "its tag %s" % tag
+    return None, "its tag %s names no vLLM release" % tag
 
 
 def images_arch_errors(
@@ -293,9 +338,37 @@ def engine_versions(
         for name in item.get("engines") or []:
             out[name] = verdict
     for item in image_results or []:
-        verdict = resolve(declared, item.get("version"), "image %s" % item.get("image"), item.get("reason") or "")
+        if "predicted" in item:
+            verdict = _predicted(declared, item)
+        else:
+            verdict = resolve(declared, item.get("version"), "image %s" % item.get("image"), item.get("reason") or "")
         for name in item.get("engines") or []:
             out[name] = verdict
+    return out
+
+
+def _predicted(declared: Any, item: Dict[str, Any]) -> Dict[str, Any]:
+    """Check mode, an image the run will pull: planned for ``vllm_service_vllm_version`` when set,
+    else for the release predicted from the reference, else refused naming the value to set."""
+    image = item.get("image")
+    source = "image %s" % image
+    if declared not in (None, ""):
+        return resolve(declared, None, source, item.get("reason") or "")
+    predicted, where = item.get("predicted"), item.get("predicted_from") or ""
+    if predicted is None:
+        out = resolve(None, None, source, item.get("reason") or "")
+        out["errors"] = [
+            "check mode: image %s is not on the node and is not pulled in check mode, and its vLLM release"
+            " cannot be told from the reference (%s). The run pulls it and plans for the vLLM it reads. Fix"
+            " for the dry run: set vllm_service_vllm_version to the release the image has (e.g. -e"
+            " vllm_service_vllm_version=0.32.0), or pull it on the node first (docker pull %s)." % (image, where, image)
+        ]
+        return out
+    out = resolve(None, predicted, source)
+    out["detected"] = None
+    out["warnings"].insert(0, (
+        "check mode: the image is not on the node; the run pulls it and plans for the vLLM it reads;"
+        " planned now for %s from %s") % (predicted, where))  # fmt: skip
     return out
 
 
@@ -326,10 +399,16 @@ def to_probe(images: List[Dict[str, Any]], local: List[Dict[str, Any]], cache: D
 
 
 def image_versions(
-    images: List[Dict[str, Any]], local: List[Dict[str, Any]], cache: Dict[str, Any], probed: List[Dict[str, Any]]
+    images: List[Dict[str, Any]],
+    local: List[Dict[str, Any]],
+    cache: Dict[str, Any],
+    probed: List[Dict[str, Any]],
+    pulled_by_the_run: bool = False,
 ) -> List[Dict[str, Any]]:
     """``probes().images`` with each image's version: from this run's probe, else the cache
-    (keyed by the image Id), else None with the reason (the image is not on the node)."""
+    (keyed by the image Id), else None with the reason (the image is not on the node).
+    ``pulled_by_the_run`` (check mode with pulls on): a missing image gets ``predicted`` /
+    ``predicted_from`` (predict_version) instead, for engine_versions."""
     ids = {image: found["id"] for image, found in local_images(local).items()}
     by_image = {str((p.get("item") or {}).get("image")): p for p in probed or [] if not p.get("skipped")}
     out = []
@@ -337,6 +416,21 @@ def image_versions(
         image = item["image"]
         image_id = ids.get(image)
         version, reason = None, ""
+        if not image_id and pulled_by_the_run:
+            predicted, where = predict_version(image)
+            out.append(
+                dict(
+                    item,
+                    id=None,
+                    version=None,
+                    predicted=predicted,
+                    predicted_from=where,
+                    reason=(
+                        "the image is not on the node; check mode does not pull it (the run does, then reads its vLLM)"
+                    ),
+                )
+            )
+            continue
         if not image_id:
             reason = "the image is not on the node (not pulled in check mode or with vllm_service_pull_image false)"
         elif image in by_image:

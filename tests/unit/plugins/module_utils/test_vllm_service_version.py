@@ -151,6 +151,59 @@ def test_cache_by_image_id_and_what_to_probe():
     assert "image img:1 runs vLLM 0.31.0" in verdicts["e-img:1"]["errors"][0]
 
 
+@pytest.mark.parametrize(
+    ("image", "want"),
+    [
+        ("vllm/vllm-openai:v0.32.0", "0.32.0"),
+        ("vllm/vllm-openai:v0.32.0-aarch64-cu130", "0.32.0"),
+        ("docker.io/vllm/vllm-openai:0.31.0", "0.31.0"),
+        ("registry.lab:5000/uma-lab/vllm-cpu:0.30.1.post1", "0.30.1"),
+        ("nvcr.io/nvidia/vllm:26.05-py3", "0.20.1"),
+        ("nvcr.io/nvidia/vllm:25.10-py3", "0.10.2"),
+        ("nvcr.io/nvidia/vllm:26.10-py3-igpu", "0.31.0"),
+        # no prediction: a tag that names no release, an NGC release whose notes are not in the
+        # table, a digest, no tag, a repository not named for vLLM, a registry port that is no tag
+        ("vllm/vllm-openai:latest", None),
+        ("vllm/vllm-openai:nightly", None),
+        ("nvcr.io/nvidia/vllm:26.02-py3", None),
+        ("vllm/vllm-openai@sha256:" + "a" * 64, None),
+        ("vllm/vllm-openai", None),
+        ("myorg/llm-server:1.2.3", None),
+        ("registry.lab:5000/vllm", None),
+    ],
+)
+def test_predict_version_from_the_reference(image, want):
+    got, where = v.predict_version(image)
+    assert got == want, (image, where)
+    assert where
+
+
+def test_check_mode_plans_a_missing_image_for_its_predicted_release():
+    """Check mode pulls nothing (issue 34): an image that is not on the node is planned for the release
+    its reference names, marked as not read; an image whose release cannot be told is refused naming
+    vllm_service_vllm_version; a declared version is used as is. Without check mode nothing changes."""
+    local = [_inspect("nvcr.io/nvidia/vllm:26.05-py3", "", 1), _inspect("vllm/vllm-openai:latest", "", 1)]
+    images = [{"image": i, "engines": ["e-" + i]} for i in ("nvcr.io/nvidia/vllm:26.05-py3", "vllm/vllm-openai:latest")]
+    found = v.image_versions(images, local, {}, [], True)
+    verdicts = v.engine_versions(None, [], found)
+    ngc = verdicts["e-nvcr.io/nvidia/vllm:26.05-py3"]
+    assert ngc["version"] == "0.20.1" and ngc["errors"] == [] and ngc["detected"] is None
+    assert ngc["warnings"][0].startswith("check mode: the image is not on the node; the run pulls it")
+    assert "NGC vLLM 26.05" in ngc["warnings"][0]
+    latest = verdicts["e-vllm/vllm-openai:latest"]
+    assert latest["version"] is None
+    (error,) = latest["errors"]
+    assert "vllm/vllm-openai:latest is not on the node" in error and "vllm_service_vllm_version" in error
+    assert "docker pull vllm/vllm-openai:latest" in error
+    declared = v.engine_versions("0.30.0", [], found)
+    assert {d["version"] for d in declared.values()} == {"0.30.0"}
+    assert all(d["errors"] == [] for d in declared.values())
+    # not check mode (or pulls off): the missing image is refused as before
+    plain = v.engine_versions(None, [], v.image_versions(images, local, {}, []))
+    assert all(d["version"] is None and d["errors"] for d in plain.values())
+    assert "predicted" not in v.image_versions(images, local, {}, [])[0]
+
+
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"format": 2, "images": {}}', '{"format": 1, "images": []}'])
 def test_a_bad_cache_is_empty(text):
     assert v.cache_entries(text) == {}
