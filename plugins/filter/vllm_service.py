@@ -6,7 +6,8 @@ plugins/module_utils/service/engines.py (engines, checks, engine user, launcher 
 service/state.py (restarts, unit states, status), service/hub.py (models from the Hub),
 service/hub_copy.py (a multi-node engine's model copied from rank 0),
 service/rdma_link.py (a multi-node engine's cluster link: RDMA or TCP sockets),
-service/link_preflight.py (that link checked on all the engine's nodes before anything changes)
+service/link_preflight.py (that link checked on all the engine's nodes before anything changes),
+service/model_presence.py (every node of an engine has its model_path)
 and service/files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
@@ -26,6 +27,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.service import (
     hub,
     hub_copy,
     link_preflight,
+    model_presence,
     rdma_link,
     state,
     version,
@@ -80,6 +82,8 @@ firewall_rules = as_filter(firewall.firewall_rules)
 rdma_links = as_filter(rdma_link.links)
 link_view = as_filter(link_preflight.view)
 link_preflight_checks = as_filter(link_preflight.preflight)
+model_looked_for = as_filter(model_presence.looked_for)
+model_presence_checks = as_filter(model_presence.presence)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -121,6 +125,8 @@ class FilterModule:
             "vllm_service_rdma_links": rdma_links,
             "vllm_service_link_view": link_view,
             "vllm_service_link_preflight": link_preflight_checks,
+            "vllm_service_model_looked_for": model_looked_for,
+            "vllm_service_model_presence": model_presence_checks,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_hub_engines": hub_engines,

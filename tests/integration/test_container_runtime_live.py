@@ -19,6 +19,7 @@ dead-rank watch), SIGTERM to the launcher stops the container and leaves none be
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -114,6 +115,23 @@ def _options(cli):
     return options
 
 
+def _as_hf_snapshot(model, hub):
+    """The model as the Hugging Face cache lays it out (issue 34 item 3c): each file a blob named by
+    its sha256 under models--uma-lab--tiny/blobs, the snapshot a directory of relative symlinks
+    (../../blobs/<sha256>), as huggingface_hub's snapshot_download leaves it. Returns the snapshot."""
+    repo = hub / "models--uma-lab--tiny"
+    snapshot = repo / "snapshots" / ("0123456789abcdef" * 3)[:40]
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for path in sorted(os.listdir(model)):
+        data = open(os.path.join(model, path), "rb").read()
+        blob = hashlib.sha256(data).hexdigest()
+        (repo / "blobs" / blob).write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", blob), str(snapshot / path))
+    shutil.rmtree(model)
+    return str(snapshot)
+
+
 @pytest.fixture(scope="module", params=CLIS)
 def launched(tmp_path_factory, request):
     _require()
@@ -123,6 +141,8 @@ def launched(tmp_path_factory, request):
     work = tmp_path_factory.mktemp("container-live-" + cli)
     model = str(work / "tiny")
     subprocess.run([sys.executable, str(ROOT / "lab" / "make_model.py"), "--out", model], check=True, timeout=300)
+    if cli == "podman":
+        model = _as_hf_snapshot(model, work / "hf-hub")
     port = _free_port()
     name = "itest-%s-%d" % (cli, os.getpid())
     (engine,) = vs.host_engines(
@@ -195,6 +215,11 @@ def test_the_rendered_container_run_serves(launched):
     container = vs.container_name(launched["name"])
     assert _containers(launched["cli"], container).startswith(container + " Up")
     assert config["command"][:2] == [launched["bin"], "run"]
+    if launched["cli"] == "podman":
+        # served from a Hugging Face cache snapshot of symlinks: the repository is what is mounted
+        repo = os.path.dirname(os.path.dirname(config["model_path"]))
+        assert os.path.islink(os.path.join(config["model_path"], "config.json"))
+        assert "%s:%s:ro" % (repo, repo) in config["command"], config["command"]
     command = config["command"]
     assert API_KEY not in json.dumps(command) and "VLLM_API_KEY" not in command
     mode = os.stat(launched["work"] / "engines" / ("%s.container.env" % launched["name"])).st_mode & 0o777

@@ -8,6 +8,7 @@ service/engines.py. Tests: tests/unit/plugins/filter/test_vllm_service.py."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any, Dict, List, Optional
 
@@ -62,6 +63,27 @@ def _mount_source(option: str, path: Any) -> str:
     return text
 
 
+# A model_path inside a Hugging Face cache snapshot (<cache>/hub/models--OWNER--NAME/snapshots/<rev>[/sub]):
+# its files are relative symlinks into ../../blobs, which dangle in a container that mounts the
+# snapshot alone. The repository's directory (models--OWNER--NAME) is mounted instead, at the same
+# path, so the links resolve (issue 34 item 3c).
+HF_SNAPSHOT_RE = re.compile(r"^(/.*/models--[^/]+)/snapshots/[^/]+(?:/.*)?$")
+
+
+def model_mount(name: str, model_path: str) -> str:
+    """The host directory mounted read-only (at its own path) for ``model_path``: the path, or the
+    Hugging Face cache repository it is a snapshot of. Refused where ``-v`` would misread it."""
+    text = str(model_path)
+    if not text.startswith("/") or any(ch in text for ch in ":,\n\r\x00"):
+        raise EngineModelError(
+            _err("vllm_service_engines[%s].model_path" % name, model_path,
+                 "cannot be mounted into the container (it must be absolute, without ':' ',' or line breaks)",
+                 "Move or link the model to a path without them, e.g. /models/Qwen3-32B.")
+        )  # fmt: skip
+    match = HF_SNAPSHOT_RE.match(text.rstrip("/"))
+    return match.group(1) if match else text
+
+
 def container_prefix(
     settings: Dict[str, Any],
     name: str,
@@ -85,7 +107,8 @@ def container_prefix(
     gpus = settings.get("container_gpus")
     if gpus:
         argv += ["--gpus", str(gpus)] if kind == "docker" else ["--device", "nvidia.com/gpu=%s" % gpus]
-    argv += ["-v", "%s:%s:ro" % (model_path, model_path)]
+    mount = model_mount(name, model_path)
+    argv += ["-v", "%s:%s:ro" % (mount, mount)]
     for option, inside in (("hf_cache", HF_CACHE_IN_CONTAINER), ("vllm_cache", VLLM_CACHE_IN_CONTAINER)):
         if settings.get(option):
             argv += ["-v", "%s:%s" % (_mount_source(option, settings[option]), inside)]

@@ -265,6 +265,34 @@ def test_docker_command_reads_secrets_from_the_mounted_file_not_env():
 
 
 @pytest.mark.parametrize(
+    ("model_path", "mount"),
+    [
+        ("/models/tiny", "/models/tiny"),
+        # a Hugging Face cache snapshot: its files link into ../../blobs, so the repository is mounted
+        ("/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B/snapshots/" + "a" * 40,
+         "/root/.cache/huggingface/hub/models--Qwen--Qwen3-8B"),
+        ("/data/hub/models--o--n/snapshots/main/", "/data/hub/models--o--n"),
+        ("/data/hub/models--o--n/snapshots/abc/sub/dir", "/data/hub/models--o--n"),
+        # not a snapshot layout: the directory itself
+        ("/data/models--o--n", "/data/models--o--n"),
+        ("/data/snapshots/abc", "/data/snapshots/abc"),
+    ],
+)  # fmt: skip
+def test_the_model_mount_covers_a_hugging_face_snapshot(model_path, mount):
+    """Issue 34 item 3c: a model_path inside an HF cache snapshot works in a container."""
+    command = vs.launch_config(one("ai1", model_path=model_path), plan(), DOCKER, {})["command"]
+    assert command[command.index("-v") + 1] == "%s:%s:ro" % (mount, mount)
+    assert "/models/tiny:/models/tiny:ro" not in command or mount == "/models/tiny"
+
+
+@pytest.mark.parametrize("model_path", ["/models/a:b", "/models/a,b", "/models/a\nb"])
+def test_a_model_path_the_mount_would_misread_is_refused(model_path):
+    with pytest.raises(Exception, match="model_path") as err:
+        vs.launch_config(one("ai1", model_path=model_path), plan(), DOCKER, {})
+    assert "cannot be mounted into the container" in str(err.value) and "Fix:" in str(err.value)
+
+
+@pytest.mark.parametrize(
     ("settings", "engine_kw", "words", "model_flag"),
     [
         # vllm/vllm-openai's entrypoint is `vllm serve`: the wrapper replaces it, so it is explicit
