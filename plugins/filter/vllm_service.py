@@ -82,7 +82,7 @@ firewall_rules = as_filter(firewall.firewall_rules)
 rdma_links = as_filter(rdma_link.links)
 link_view = as_filter(link_preflight.view)
 link_preflight_checks = as_filter(link_preflight.preflight)
-model_looked_for = as_filter(model_presence.looked_for)
+model_paths = as_filter(model_presence.paths)
 model_presence_checks = as_filter(model_presence.presence)
 
 
@@ -125,7 +125,7 @@ class FilterModule:
             "vllm_service_rdma_links": rdma_links,
             "vllm_service_link_view": link_view,
             "vllm_service_link_preflight": link_preflight_checks,
-            "vllm_service_model_looked_for": model_looked_for,
+            "vllm_service_model_paths": model_paths,
             "vllm_service_model_presence": model_presence_checks,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,

@@ -3,14 +3,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Every node of an engine has the engine's ``model_path`` before anything changes (issue 34 item 3b).
 
-A model the owner put on one Spark only (the common case: downloaded on the head node) used to
-reach the other rank as a start that failed on that node, restarted by systemd and the watchdog
-until it gave up. Each node now looks for ``<model_path>/config.json`` (one ``stat`` per engine, in
-``--check`` too) and every node of the engine reads what the others found; an engine whose model
-is missing on some of its nodes is refused on all of them, naming the nodes without it, those with
-it, and the fix. A node that is not in this play (``--limit``) or failed before is named as not
-checked. A Hub model (``model: OWNER/NAME``) is not looked for here: the role downloads it once
-and copies it over the cluster link (models.yml, models_copy.yml).
+A model the owner put on one Spark only (the common case: downloaded on the head node) used to be
+refused by the planner on the node without it, while rank 0's node went on (rewrote its files and
+started a rank that waited for a peer that never came). Each node now looks for
+``<model_path>/config.json`` (one ``stat`` per path, in ``--check`` too) and every node of the
+engine reads what the others found; an engine whose model is missing on some of its nodes is
+refused on all of them, naming the nodes without it, those with it, and the fix. A node that is
+not in this play (``--limit``) or failed before is named as not checked. A Hub model
+(``model: OWNER/NAME``) is not looked for here: the role downloads it once and copies it over the
+cluster link (models.yml, models_copy.yml).
 
 Not done (named in the refusal): copying a ``model_path`` from the node that has it to the others;
 the fix says how to do it by hand or to give the engine its Hub id.
@@ -39,13 +40,18 @@ def looked_for(engines: Any) -> List[Dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _found(hostvars: Any, host: str, name: str) -> Any:
-    """True / False for the engine's model on ``host``, None when that host did not look."""
+def paths(engines: Any) -> List[str]:
+    """The model paths a node stats (``<path>/config.json``), each once: looked_for's, sorted."""
+    return sorted({e["model_path"] for e in looked_for(engines)})
+
+
+def _found(hostvars: Any, host: str, path: str) -> Any:
+    """True / False for the model at ``path`` on ``host``, None when that host did not look."""
     hv = hostvars[host] if host in hostvars else None
     stat = hv.get(STAT_VAR) if hv is not None and hasattr(hv, "get") else None
     results = stat.get("results") if isinstance(stat, dict) else None
     for result in results if isinstance(results, list) else []:
-        if not isinstance(result, dict) or (result.get("item") or {}).get("name") != name:
+        if not isinstance(result, dict) or result.get("item") != path:
             continue
         if result.get("skipped") or result.get("failed"):
             return None
@@ -64,7 +70,7 @@ def presence(engines: Any, hostvars: Any, this_host: Any) -> Dict[str, Any]:
         nodes = [str(h) for h in (cluster.get("nodes") or [])] if isinstance(cluster, dict) else [str(this_host)]
         have, lack = [], []
         for host in nodes:
-            found = _found(hostvars, host, name)
+            found = _found(hostvars, host, path)
             if found is None:
                 lines.setdefault(name, []).append(
                     "model preflight: host %s not checked (not in this play, or it failed before)" % host

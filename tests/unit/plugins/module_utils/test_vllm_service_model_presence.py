@@ -16,9 +16,12 @@ ONE = {"name": "one", "model_path": "/models/one", "cluster": None}
 HUB = {"name": "hub", "model_path": "/var/lib/uma-vllm/models/o--n", "hub": {"repo_id": "o/n"}, "cluster": None}
 
 
+PATHS = {"tp2": TP2["model_path"], "one": ONE["model_path"]}
+
+
 def _stat(name, exists=True, isreg=True, **extra):
-    return dict({"item": {"name": name}, "stat": {"exists": exists, "isreg": isreg} if exists else {"exists": False}},
-                **extra)  # fmt: skip
+    found = {"exists": exists, "isreg": isreg} if exists else {"exists": False}
+    return dict({"item": PATHS.get(name, name), "stat": found}, **extra)
 
 
 def _hostvars(**by_host):
@@ -29,6 +32,8 @@ def test_only_local_models_of_kept_engines_are_looked_for():
     gone = dict(TP2, name="gone", state="absent")
     relative = dict(ONE, name="rel", model_path="models/x")
     assert [e["name"] for e in mp.looked_for([TP2, ONE, HUB, gone, relative, "junk"])] == ["tp2", "one"]
+    twin = dict(TP2, name="twin")
+    assert mp.paths([TP2, twin, ONE, HUB, gone]) == ["/models/one", "/models/tiny"]
 
 
 def test_a_model_on_every_node_passes():
@@ -67,7 +72,7 @@ def test_a_node_outside_the_play_or_failed_is_named_not_checked():
 def test_the_copy_command_quotes_the_path():
     path = "/models/my model's dir"
     engine = dict(TP2, model_path=path)
-    hv = _hostvars(ai1=[_stat("tp2")], ai2=[_stat("tp2", exists=False)])
+    hv = _hostvars(ai1=[_stat(path)], ai2=[_stat(path, exists=False)])
     (error,) = mp.presence([engine], hv, "ai1")["errors"]
     command = error.split("on ai1: ", 1)[1].split("), or give", 1)[0]
     words = shlex.split(command)
@@ -78,6 +83,6 @@ def test_the_copy_command_quotes_the_path():
     assert out.stdout.splitlines() == [path + "/", "ai2:" + path + "/"]
 
 
-@pytest.mark.parametrize("name", ["vllm_service_model_presence", "vllm_service_model_looked_for"])
+@pytest.mark.parametrize("name", ["vllm_service_model_presence", "vllm_service_model_paths"])
 def test_the_filters_are_registered(name):
     assert name in vs.FilterModule().filters()
