@@ -44,6 +44,10 @@ def venv(tmp_path_factory):
 
 
 def body(tmp_path, venv, extra):
+    # a model directory with a config.json and no weights: the model preflight passes it, the
+    # planner refuses it (after the version read)
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
     return """- hosts: localhost
   gather_facts: false
   vars:
@@ -54,18 +58,18 @@ def body(tmp_path, venv, extra):
     vllm_service_systemd_dir: %s/systemd
     vllm_service_native_command: [%s/bin/vllm, serve]
     vllm_service_api_host: 127.0.0.1
-    vllm_service_engines: [{name: main, model_path: /nonexistent/model, port: 8000}]
+    vllm_service_engines: [{name: main, model_path: %s/model, port: 8000}]
 %s
   roles: [uma.vllm.vllm_service]
-""" % (tmp_path, tmp_path, tmp_path, venv, extra)
+""" % (tmp_path, tmp_path, tmp_path, venv, tmp_path, extra)
 
 
 def test_the_plan_is_for_the_venvs_vllm(tmp_path, venv):
     proc = play(tmp_path, body(tmp_path, venv, ""))
     out = " ".join((proc.stdout + proc.stderr).split())
     assert "main: planned for vLLM 0.31.0 (the native venv python %s/bin/python, read)" % venv in out, out
-    # the planner got it: it then fails on the missing model, which is the next step
-    assert "TASK [uma.vllm.vllm_service : Plan each engine" in out and "/nonexistent/model" in out, out
+    # the planner got it: it then fails on the model without weights, which is the next step
+    assert "TASK [uma.vllm.vllm_service : Plan each engine" in out and "has no .safetensors weights" in out, out
     assert not (tmp_path / "state").exists() and not (tmp_path / "etc").exists()
 
 
