@@ -45,6 +45,10 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import link_
 PART_DIR = ".uma-copy"
 BLOCK = 4 << 20
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
+# Rank 0's copy server is started as an async task just before the other ranks connect: a refused
+# connection in this first stretch is the server still binding (seen under load in the fresh-clone
+# run: the first request came before the listen), so it is tried again until then.
+SERVER_START_S = 30.0
 SOURCE_RE = re.compile(r"http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})", re.ASCII)
 DEFAULT_IDLE_S = 120.0
 DEFAULT_TIMEOUT_S = 3600.0
@@ -226,6 +230,7 @@ class Link:
     def __init__(self, request: Receive) -> None:
         self.request = request
         self.key = secret_key("key_file", request.key_file, owners=(0, os.geteuid()))
+        self.start_deadline = time.monotonic() + SERVER_START_S
 
     def _unreachable(self, err: BaseException) -> UmaError:
         return _bad(
@@ -244,13 +249,24 @@ class Link:
             headers["Range"] = span
         match = SOURCE_RE.fullmatch(self.request.source)
         host, port = match.group(1).strip("[]"), int(match.group(2))
-        conn = http.client.HTTPConnection(host, port, timeout=self.request.timeout_s)
-        try:
-            conn.request(method, path, headers=headers)
-            response = conn.getresponse()
-        except (OSError, http.client.HTTPException) as err:
-            conn.close()
-            raise self._unreachable(err) from None
+        while True:
+            conn = http.client.HTTPConnection(host, port, timeout=self.request.timeout_s)
+            try:
+                conn.request(method, path, headers=headers)
+                response = conn.getresponse()
+                break
+            except ConnectionRefusedError as err:
+                conn.close()
+                if time.monotonic() >= self.start_deadline:
+                    raise self._unreachable(err) from None
+                time.sleep(0.5)
+                # a fresh nonce and time for the retry (the server refuses a replayed one)
+                headers = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)[0]
+                if span:
+                    headers["Range"] = span
+            except (OSError, http.client.HTTPException) as err:
+                conn.close()
+                raise self._unreachable(err) from None
         if response.status not in (200, 206):
             conn.close()
             raise self._refused(response.status, path)

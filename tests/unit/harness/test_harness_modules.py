@@ -891,6 +891,9 @@ class ModelCopy(Target):
 
         from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import atomic_write_json
 
+        # a case whose source is a closed port: a refused connection is tried again for
+        # SERVER_START_S (a copy server still starting); a second is enough here
+        _model_copy.SERVER_START_S = 1.0
         self.base = tempfile.mkdtemp(prefix="harness-rank0-")
         snap = os.path.join(self.base, "snap")
         self.files = {}

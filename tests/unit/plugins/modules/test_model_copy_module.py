@@ -136,9 +136,10 @@ def test_serve_refuses_a_bad_number_naming_it(tmp_path, rank0, run_module, optio
     assert "Give a number from" in result["msg"]
 
 
-def test_an_unreachable_rank0_leaves_no_directory_behind(tmp_path, rank0, run_module):
+def test_an_unreachable_rank0_leaves_no_directory_behind(tmp_path, rank0, run_module, monkeypatch):
     """Regression: a refused copy into a new dest left dest/.uma-copy (and dest) behind."""
     _root, files, _data = rank0
+    monkeypatch.setattr(mc, "SERVER_START_S", 1.0)  # a refused connection is tried again this long
     failed, result = run_module(model_copy, _args(tmp_path, files, _closed_port()))
     assert failed and result["msg"].startswith("option 'source' = ") and "cannot be reached" in result["msg"]
     assert not (tmp_path / "rank1").exists()
