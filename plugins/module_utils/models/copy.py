@@ -244,12 +244,13 @@ class Link:
 
     def _open(self, method: str, path: str, start: int = 0) -> Tuple[http.client.HTTPConnection, Any]:
         span = "bytes=%d-" % start if start else ""
-        headers = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)[0]
-        if span:
-            headers["Range"] = span
         match = SOURCE_RE.fullmatch(self.request.source)
         host, port = match.group(1).strip("[]"), int(match.group(2))
         while True:
+            # signed anew for each try: a fresh nonce and time (the server refuses a replayed one)
+            headers = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)[0]
+            if span:
+                headers["Range"] = span
             conn = http.client.HTTPConnection(host, port, timeout=self.request.timeout_s)
             try:
                 conn.request(method, path, headers=headers)
@@ -260,10 +261,6 @@ class Link:
                 if time.monotonic() >= self.start_deadline:
                     raise self._unreachable(err) from None
                 time.sleep(0.5)
-                # a fresh nonce and time for the retry (the server refuses a replayed one)
-                headers = _link_auth.request_headers(self.key, "%s|%s" % (path, span), method)[0]
-                if span:
-                    headers["Range"] = span
             except (OSError, http.client.HTTPException) as err:
                 conn.close()
                 raise self._unreachable(err) from None

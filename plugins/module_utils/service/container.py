@@ -46,11 +46,16 @@ def shell_env(secrets: Dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def _mountable(text: str) -> bool:
+    """A host path ``-v SOURCE:TARGET`` carries as given: absolute, and nothing the option's syntax
+    reads (``:`` separates the fields, ``,`` the options of --mount) or a line break could end."""
+    return text.startswith("/") and not any(ch in text for ch in ":,\n\r\x00")
+
+
 def _mount_source(option: str, path: Any) -> str:
-    """A host directory for ``-v SOURCE:TARGET``: absolute, and nothing the option's syntax reads
-    (``:`` separates the fields, ``,`` the options of --mount) or a line break could end."""
+    """A host directory for ``-v SOURCE:TARGET`` (``_mountable``), else refused naming the option."""
     text = str(path)
-    if not text.startswith("/") or any(ch in text for ch in ":,\n\r\x00"):
+    if not _mountable(text):
         example = "/root/.cache/huggingface" if option == "hf_cache" else "/root/.cache/vllm"
         raise EngineModelError(
             _err(
@@ -74,7 +79,7 @@ def model_mount(name: str, model_path: str) -> str:
     """The host directory mounted read-only (at its own path) for ``model_path``: the path, or the
     Hugging Face cache repository it is a snapshot of. Refused where ``-v`` would misread it."""
     text = str(model_path)
-    if not text.startswith("/") or any(ch in text for ch in ":,\n\r\x00"):
+    if not _mountable(text):
         raise EngineModelError(
             _err("vllm_service_engines[%s].model_path" % name, model_path,
                  "cannot be mounted into the container (it must be absolute, without ':' ',' or line breaks)",
