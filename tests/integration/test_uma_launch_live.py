@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -55,15 +56,31 @@ def read_until(proc, pattern, timeout=60.0):
     """Lines of the launcher's output up to the first match of ``pattern``."""
     seen = []
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while True:
+        line = _line_by(proc, deadline)
         if not line:
             break
         seen.append(line)
         match = re.search(pattern, line)
         if match:
             return match, seen
-    raise AssertionError("no %r in output:\n%s" % (pattern, "".join(seen)))
+    raise AssertionError("no %r within %ss in output:\n%s" % (pattern, timeout, "".join(seen)))
+
+
+def _line_by(proc, deadline):
+    """The launcher's next output line; what came of it when the deadline passes or the output ends.
+    Byte by byte from the pipe's descriptor: nothing after the line is taken from a later
+    ``communicate()``, and a launcher that says nothing more cannot hold the test past its timeout."""
+    fd, out = proc.stdout.fileno(), b""
+    while not out.endswith(b"\n"):
+        ready, _w, _x = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        out += byte
+    return out.decode("utf-8", "replace")
 
 
 def record(env, engine="t1"):

@@ -21,6 +21,10 @@ from test_uma_launch_live import LAUNCHER, STAND_IN, free_port, read_until
 from ansible_collections.uma.vllm.plugins.module_utils.node.cluster import ranks as _ranks
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
+# the launcher found its rank's VLLM:: processes (it looks again while it found none: the other
+# rank's engine can be healthy before this rank's processes took their names)
+WATCHING = r"ranks-watched .*count=[1-9]"
+
 
 @pytest.fixture
 def ports():
@@ -63,9 +67,26 @@ def write_config(tmp_path, rank, ports, extra_args=(), peer_timeout=30.0, **over
     return str(path)
 
 
+STARTED = []
+
+
+@pytest.fixture(autouse=True)
+def _no_launcher_outlives_its_test():
+    """A test that fails leaves no launcher (nor, by their parent-death signals, its engine and
+    workers) running into the next tests."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
 def start(path):
     argv = [sys.executable, LAUNCHER, "--node-config", "/nonexistent", "--config", path]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    STARTED.append(proc)
+    return proc
 
 
 def record(tmp_path, rank):
@@ -79,7 +100,7 @@ def both_healthy(tmp_path, ports, first=1):
         procs[rank] = start(write_config(tmp_path, rank, ports))
         time.sleep(0.5)
     for rank in (0, 1):
-        read_until(procs[rank], r"ranks-watched", timeout=60)
+        read_until(procs[rank], WATCHING, timeout=60)
     return procs
 
 
@@ -111,7 +132,7 @@ def test_a_stop_that_breaks_the_peers_running_request_is_still_deliberate(tmp_pa
         procs[rank] = start(write_config(tmp_path, rank, ports, extra_args=["--stop-s", "3"]))
         time.sleep(0.5)
     for rank in (0, 1):
-        read_until(procs[rank], r"ranks-watched", timeout=60)
+        read_until(procs[rank], WATCHING, timeout=60)
     worker0 = next(iter(_ranks.vllm_processes(engine_pid(procs[0]))))
     engine1 = engine_pid(procs[1])
     os.kill(worker0, signal.SIGKILL)  # the broken collective, a moment before the word
@@ -135,7 +156,7 @@ def _slow_pair(tmp_path, ports, stop_s):
         procs[rank] = start(config)
         time.sleep(0.5)
     for rank in (0, 1):
-        read_until(procs[rank], r"ranks-watched", timeout=60)
+        read_until(procs[rank], WATCHING, timeout=60)
     return procs
 
 
@@ -184,6 +205,25 @@ def test_a_dead_rank_process_fails_both_ranks_for_a_restart(tmp_path, ports):
     assert record(tmp_path, 0)["stopped_because"].startswith("rank 1 stopped: rank 1: rank process")
 
 
+def test_rank_processes_named_after_the_engine_is_healthy_are_still_watched(tmp_path, ports):
+    """Rank 0's engine is healthy before rank 1's processes took their VLLM:: names (seen in a
+    loaded CI run: rank 1's launcher looked once, found none and never noticed its worker's death).
+    It looks again until it finds them; their death then fails both ranks as always."""
+    late = ["--workers-late-s", "3"]  # both ranks run the same argv; only the headless rank 1 heeds it
+    procs = {1: start(write_config(tmp_path, 1, ports, extra_args=late))}
+    time.sleep(0.5)
+    procs[0] = start(write_config(tmp_path, 0, ports, extra_args=late))
+    read_until(procs[0], WATCHING, timeout=60)
+    match, _seen = read_until(procs[1], r"ranks-watched .*count=(\d+)", timeout=60)
+    assert match.group(1) == "0"  # its first look: nothing yet
+    read_until(procs[1], r"ranks-watched .*count=1 late=True", timeout=30)
+    watched = _ranks.vllm_processes(engine_pid(procs[1]))
+    os.kill(next(iter(watched)), signal.SIGKILL)
+    assert procs[1].wait(20) == uma_launch.EXIT_PEER
+    assert procs[0].wait(20) == uma_launch.EXIT_PEER
+    assert "VLLM::Worker_TP (pid" in record(tmp_path, 1)["stopped_because"]
+
+
 def test_an_engine_that_exits_fails_the_peer_too(tmp_path, ports):
     procs = both_healthy(tmp_path, ports)
     os.kill(engine_pid(procs[0]), signal.SIGKILL)  # rank 0's engine process dies
@@ -228,7 +268,7 @@ def test_a_strangers_hello_and_stop_change_nothing_and_the_stranger_is_named(tmp
     assert procs[0].poll() is None
     procs[1] = start(write_config(tmp_path, 1, ports))
     for rank in (0, 1):
-        read_until(procs[rank], r"ranks-watched", timeout=60)
+        read_until(procs[rank], WATCHING, timeout=60)
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", ports["link"]), timeout=5).close()
     procs[0].send_signal(signal.SIGTERM)

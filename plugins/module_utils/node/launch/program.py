@@ -119,6 +119,7 @@ GUARD_READY_TIMEOUT_S = 10.0
 # soon may be explained by a peer's stop, so the link is given this long to say so.
 PEER_EXPLAINS_S = 2.0
 SERVE_POLL_S = 0.25  # a stop signal reaches the peers within this
+RANKS_LOOK_AGAIN_S = (2.0, 60.0)  # while no rank process was found to watch: look again after 2 s, 4 s ... 60 s
 GIB_F = float(1 << 30)
 KV_MARKERS = re.compile(
     r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
@@ -572,15 +573,28 @@ class Launch:
     def serve(self) -> int:
         """After the load: wait for the engine, the peers and this node's rank processes."""
         watched: Dict[int, str] = {}
-        if self.config.get("watch_ranks") and self.engine is not None:
-            watched = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
+        watch = bool(self.config.get("watch_ranks")) and self.engine is not None
+        next_look, look_every = 0.0, RANKS_LOOK_AGAIN_S[0]
+        if watch:
+            watched = self.look_for_rank_processes()
             self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched))
             self.write_record()  # the running engine's record says what is watched
+            next_look = time.monotonic() + look_every
         while self.engine is not None and self.engine.poll() is None:
             try:
                 self.engine.wait(SERVE_POLL_S)
             except subprocess.TimeoutExpired:
                 pass
+            if watch and not watched and time.monotonic() >= next_look:
+                # none found yet (a rank's engine can be healthy before this node's processes took their
+                # VLLM:: names, or the container runtime did not answer): look again until some are found
+                look_every = min(look_every * 2, RANKS_LOOK_AGAIN_S[1])
+                next_look = time.monotonic() + look_every
+                watched = self.look_for_rank_processes()
+                if watched:
+                    self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched),
+                                  late=True)  # fmt: skip
+                    self.write_record()
             if self.stop_signal is not None:
                 # the peers hear of a deliberate stop before this rank's processes go away
                 self.tell_peers()
@@ -607,6 +621,10 @@ class Launch:
         self.record["exit_code"] = code
         self.log.step("engine-exited", returncode=self.engine.returncode if self.engine is not None else None)
         return code
+
+    def look_for_rank_processes(self) -> Dict[int, str]:
+        assert self.engine is not None
+        return _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
 
     def take_peer_failure(self) -> Tuple[str, bool]:
         """A peer's stop is this rank's reason too: exit 0 when it was deliberate, else 69."""
