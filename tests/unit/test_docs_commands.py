@@ -38,7 +38,7 @@ def problems(text, name):
             if "inventories/lab" in command:
                 continue
             where = "%s:%d: %r" % (name, number, command)
-            out.extend("%s lacks %s" % (where, why) for flag, why in NEEDED if flag not in command.split(" #")[0])
+            out.extend("%s lacks %s" % (where, why) for flag, why in NEEDED if flag not in command)
             if command.startswith("ansible-playbook"):
                 playbook = command.split()[1]
                 if not playbook.startswith("uma.vllm."):

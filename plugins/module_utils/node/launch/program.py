@@ -623,7 +623,8 @@ class Launch:
         return code
 
     def look_for_rank_processes(self) -> Dict[int, str]:
-        assert self.engine is not None
+        if self.engine is None:
+            return {}
         return _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
 
     def take_peer_failure(self) -> Tuple[str, bool]:
