@@ -892,7 +892,8 @@ class ModelCopy(Target):
         from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import atomic_write_json
 
         # a case whose source is a closed port: a refused connection is tried again for
-        # SERVER_START_S (a copy server still starting); a second is enough here
+        # SERVER_START_S (a copy server still starting); a second is enough here (put back in finish)
+        self.server_start_s = _model_copy.SERVER_START_S
         _model_copy.SERVER_START_S = 1.0
         self.base = tempfile.mkdtemp(prefix="harness-rank0-")
         snap = os.path.join(self.base, "snap")
@@ -913,6 +914,7 @@ class ModelCopy(Target):
             self.server.server_close()
             shutil.rmtree(self.base, ignore_errors=True)
             self.server = None
+            _model_copy.SERVER_START_S = self.server_start_s
 
     def build(self, root):
         if self.server is None:

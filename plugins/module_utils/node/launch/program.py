@@ -572,14 +572,10 @@ class Launch:
 
     def serve(self) -> int:
         """After the load: wait for the engine, the peers and this node's rank processes."""
-        watched: Dict[int, str] = {}
         watch = bool(self.config.get("watch_ranks")) and self.engine is not None
-        next_look, look_every = 0.0, RANKS_LOOK_AGAIN_S[0]
-        if watch:
-            watched = self.look_for_rank_processes()
-            self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched))
-            self.write_record()  # the running engine's record says what is watched
-            next_look = time.monotonic() + look_every
+        watched = self.watch_rank_processes(late=False) if watch else {}
+        look_every = RANKS_LOOK_AGAIN_S[0]
+        next_look = time.monotonic() + look_every
         while self.engine is not None and self.engine.poll() is None:
             try:
                 self.engine.wait(SERVE_POLL_S)
@@ -590,11 +586,7 @@ class Launch:
                 # VLLM:: names, or the container runtime did not answer): look again until some are found
                 look_every = min(look_every * 2, RANKS_LOOK_AGAIN_S[1])
                 next_look = time.monotonic() + look_every
-                watched = self.look_for_rank_processes()
-                if watched:
-                    self.log.step("ranks-watched", processes=sorted(set(watched.values())), count=len(watched),
-                                  late=True)  # fmt: skip
-                    self.write_record()
+                watched = self.watch_rank_processes(late=True)
             if self.stop_signal is not None:
                 # the peers hear of a deliberate stop before this rank's processes go away
                 self.tell_peers()
@@ -622,10 +614,17 @@ class Launch:
         self.log.step("engine-exited", returncode=self.engine.returncode if self.engine is not None else None)
         return code
 
-    def look_for_rank_processes(self) -> Dict[int, str]:
+    def watch_rank_processes(self, late: bool) -> Dict[int, str]:
+        """This engine's VLLM:: processes, said and written into the running engine's record: at the
+        first look always (also when none were found), at a later look only when some were."""
         if self.engine is None:
             return {}
-        return _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
+        found = _ranks.vllm_processes(self.engine.pid, self.config["proc_root"], self.engine.args)
+        if found or not late:
+            self.log.step("ranks-watched", processes=sorted(set(found.values())), count=len(found),
+                          **({"late": True} if late else {}))  # fmt: skip
+            self.write_record()
+        return found
 
     def take_peer_failure(self) -> Tuple[str, bool]:
         """A peer's stop is this rank's reason too: exit 0 when it was deliberate, else 69."""

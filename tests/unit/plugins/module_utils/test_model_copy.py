@@ -60,8 +60,8 @@ def rank0(tmp_path):
 
 
 class Server:
-    def __init__(self, tmp_path, root, peers=1, idle_s=30.0, key=KEY):
-        self.port = _free_port()
+    def __init__(self, tmp_path, root, peers=1, idle_s=30.0, key=KEY, port=None):
+        self.port = port or _free_port()
         self.said = []
         params = {
             "dest": str(root), "repo_id": "lab/tiny", "commit": COMMIT, "bind": "127.0.0.1", "port": self.port,
@@ -231,32 +231,25 @@ def test_an_unreachable_rank0_names_the_engine_node_and_fix(tmp_path, rank0, mon
     assert "vllm_service_model_source: hub" in msg and "uma_cluster_addr" in msg
 
 
-def test_a_copy_server_that_starts_late_is_waited_for(tmp_path, rank0, monkeypatch):
+def test_a_copy_server_that_starts_late_is_waited_for(tmp_path, rank0):
     """Rank 0's server is an async task started just before the other ranks connect; under load the
     first request came before it listened (fresh-clone run, 28 Nov). A refused connection is tried
     again for SERVER_START_S: here the server starts 2 s after the receive began."""
     root, files, data = rank0
-    monkeypatch.setattr(mc, "SERVER_START_S", 30.0)  # the module's value (another test may have lowered it)
     port = _free_port()
     params = receive_params(tmp_path, files, port)
     servers = []
 
     def late():
         time.sleep(2.0)
-        server = Server.__new__(Server)
-        server.port, server.said, server.result = port, [], None
-        server.request = mc.validate_serve({
-            "dest": str(root), "repo_id": "lab/tiny", "commit": COMMIT, "bind": "127.0.0.1", "port": port,
-            "key_file": _key(tmp_path / "server.key", KEY), "peers": 1, "idle_s": 30.0, "timeout_s": 60,
-        })  # fmt: skip
-        server.thread = threading.Thread(target=server._run, daemon=True)
-        server.thread.start()
-        servers.append(server)
+        servers.append(Server(tmp_path, root, port=port))
 
-    threading.Thread(target=late, daemon=True).start()
+    starter = threading.Thread(target=late, daemon=True)
+    starter.start()
     started = time.monotonic()
     mc.execute_receive(mc.plan_receive(mc.validate_receive(params)))
     assert time.monotonic() - started >= 2.0
+    starter.join(10)
     assert (tmp_path / "rank1" / "lab" / "tiny" / "config.json").read_bytes() == data["config.json"]
     assert servers[0].stop()["done_ok"] == 1
 
