@@ -7,7 +7,7 @@ service/state.py (restarts, unit states, status), service/hub.py (models from th
 service/hub_copy.py (a multi-node engine's model copied from rank 0),
 service/rdma_link.py (a multi-node engine's cluster link: RDMA or TCP sockets),
 service/link_preflight.py (that link checked on all the engine's nodes before anything changes),
-service/model_presence.py (every node of an engine has its model_path)
+service/model_presence.py (every node of an engine has its model_path, or it is copied from one that has it)
 and service/files.py (the arguments of the role's uma.vllm.node_files task, fingerprints).
 A refusal of the model (EngineModelError) reaches Ansible as AnsibleFilterError with the same text.
 """
@@ -78,12 +78,17 @@ hub_commits = as_filter(hub.commits)
 hub_rank_errors = as_filter(hub.rank_errors)
 hub_copy_receives = as_filter(hub_copy.receives)
 hub_copy_servers = as_filter(hub_copy.servers)
+hub_stand_ins = as_filter(hub_copy.stand_ins)
 firewall_rules = as_filter(firewall.firewall_rules)
 rdma_links = as_filter(rdma_link.links)
 link_view = as_filter(link_preflight.view)
 link_preflight_checks = as_filter(link_preflight.preflight)
 model_paths = as_filter(model_presence.paths)
 model_presence_checks = as_filter(model_presence.presence)
+model_path_indexes = as_filter(model_presence.indexes)
+model_path_receives = as_filter(model_presence.receives)
+model_path_servers = as_filter(model_presence.servers)
+model_path_stand_ins = as_filter(model_presence.stand_ins)
 
 
 def version_scripts(_unused: Any = None) -> Any:
@@ -127,6 +132,10 @@ class FilterModule:
             "vllm_service_link_preflight": link_preflight_checks,
             "vllm_service_model_paths": model_paths,
             "vllm_service_model_presence": model_presence_checks,
+            "vllm_service_model_path_indexes": model_path_indexes,
+            "vllm_service_model_path_receives": model_path_receives,
+            "vllm_service_model_path_servers": model_path_servers,
+            "vllm_service_model_path_stand_ins": model_path_stand_ins,
             "vllm_service_unit_actions": unit_actions,
             "vllm_service_shell_env": shell_env,
             "vllm_service_hub_engines": hub_engines,
@@ -136,6 +145,7 @@ class FilterModule:
             "vllm_service_hub_rank_errors": hub_rank_errors,
             "vllm_service_hub_copy_receives": hub_copy_receives,
             "vllm_service_hub_copy_servers": hub_copy_servers,
+            "vllm_service_hub_stand_ins": hub_stand_ins,
             "vllm_service_version_scripts": version_scripts,
             "vllm_service_version_probes": version.probes,
             "vllm_service_version_probe_argv": version.probe_argv,

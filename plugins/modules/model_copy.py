@@ -27,7 +27,12 @@ description:
     model_fetch result, handed over by Ansible, never read from the network). A node that already holds them
     copies nothing and opens no connection. Otherwise each missing file is copied into a partial file (an
     interrupted copy resumes with an HTTP Range), its size and sha256 compared with O(files), then renamed into
-    place; the manifest is written atomically last.
+    place; the manifest is written atomically last. C(config.json) is copied last, so a directory with it is whole.
+  - O(mode=index) (read-only) lists a local model directory (a C(model_path) the owner put on one node), every
+    file's name, size and, with O(hash=true), sha256, its C(config.json) and weight bytes (for the planner on a node
+    that has no copy yet), and a digest of the list as RV(commit). O(mode=serve) with O(files) and O(commit) from
+    such an index serves exactly those files (symlinks into a Hugging Face cache's C(blobs) are followed for the
+    names the index holds, never for a name from the request); O(mode=receive) copies them like a snapshot.
 author:
   - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
@@ -39,20 +44,28 @@ attributes:
 options:
   mode:
     description:
-      - C(serve) on rank 0's node, C(receive) on the other ranks' nodes.
+      - C(serve) on rank 0's node, C(receive) on the other ranks' nodes, C(index) on the node that has a local model
+        directory to copy.
     type: str
-    choices: [serve, receive]
+    choices: [serve, receive, index]
     required: true
   dest:
     description:
-      - The model directory (rank 0's verified snapshot for C(serve), where the copy lands for C(receive)).
+      - The model directory (rank 0's verified snapshot for C(serve), where the copy lands for C(receive), the
+        directory listed for C(index)).
     type: path
     required: true
   repo_id:
     description:
-      - The model's Hugging Face id, C(OWNER/NAME).
+      - The model's Hugging Face id, C(OWNER/NAME) (for a local model directory, a name of it such as
+        C(local/ENGINE), recorded in the copy's manifest).
+      - Required with O(mode=serve) and O(mode=receive).
     type: str
-    required: true
+  hash:
+    description:
+      - O(mode=index) only. Compute every file's sha256 (false lists names and sizes only, as check mode needs).
+    type: bool
+    default: true
   revision:
     description:
       - The revision rank 0 resolved (recorded in the manifest).
@@ -60,17 +73,19 @@ options:
     default: main
   commit:
     description:
-      - The commit of rank 0's verified snapshot.
+      - The commit of rank 0's verified snapshot (for a local directory, RV(commit) of its index).
+      - Required with O(mode=serve) and O(mode=receive).
     type: str
-    required: true
   key_file:
     description:
       - The engine's link key, a root-owned file of mode 0600.
+      - Required with O(mode=serve) and O(mode=receive).
     type: path
-    required: true
   files:
     description:
-      - O(mode=receive) only. Rank 0's files, each C({name, size, sha256}) (RV(uma.vllm.model_fetch#module:files)).
+      - O(mode=receive) Rank 0's files, each C({name, size, sha256}) (RV(uma.vllm.model_fetch#module:files), or
+        RV(files) of an index).
+      - O(mode=serve) the files of an index (RV(files)) to serve instead of a snapshot's manifest.
     type: list
     elements: dict
   source:
@@ -166,22 +181,47 @@ EXAMPLES = r"""
   retries: 60
   delay: 5
   become: true
+
+# A model the owner put on spark1 only (/models/my-model): index it there, serve that index, copy it on spark2
+- name: Index the local model directory on spark1
+  uma.vllm.model_copy:
+    mode: index
+    dest: /models/my-model
+  register: indexed
+  become: true
 """
 
 RETURN = r"""
 commit:
-  description: The commit of the snapshot.
+  description: The commit of the snapshot; O(mode=index) the sha256 of the list of names, sizes and sha256 (null
+    with O(hash=false)).
   returned: always
   type: str
   sample: c1899de289a04d12100db370d81485cdf75e47ca
+bytes:
+  description: O(mode=index) the bytes of every file listed.
+  returned: mode is index
+  type: int
+  sample: 1073815552
+config:
+  description: O(mode=index) the directory's config.json.
+  returned: mode is index
+  type: dict
+  sample: {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048}
+weights_bytes:
+  description: O(mode=index) the bytes of the safetensors weights (the planner's weights_bytes).
+  returned: mode is index
+  type: int
+  sample: 1073741824
 dest:
   description: The model directory.
   returned: always
   type: str
   sample: /var/lib/uma-vllm/models/Qwen/Qwen3-0.6B
 files:
-  description: O(mode=receive) the expected files with their size and sha256.
-  returned: mode is receive
+  description: O(mode=receive) the expected files with their size and sha256; O(mode=index) the directory's files
+    (sha256 null with O(hash=false)).
+  returned: mode is receive or mode is index
   type: list
   elements: dict
   sample: [{"name": "model.safetensors", "size": 1503300328, "sha256": "f47f71..."}]
@@ -211,6 +251,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.uma.vllm.plugins.module_utils.models import copy as mc
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.plan import model as pm
 from ansible_collections.uma.vllm.plugins.module_utils.plumbing.flow import run_module
 
 
@@ -239,15 +280,29 @@ def _serve(module: AnsibleModule) -> None:
     module.exit_json(changed=False, commit=request.commit, dest=request.root, served=served)
 
 
+def _index(module: AnsibleModule) -> None:
+    """Read-only: the files of a local model directory (and, for the planner on a node that has no copy
+    yet, its config.json and weight bytes)."""
+    try:
+        found = mc.index(module.params["dest"], hashed=module.params["hash"])
+        read = pm.read_model_dir(found["dest"])
+    except UmaError as err:
+        module.fail_json(msg=err.message)
+    except OSError as err:
+        module.fail_json(msg=_os_problem(err).message)
+    module.exit_json(changed=False, config=read["config"], weights_bytes=read["weights_bytes"], **found)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
-            mode=dict(type="str", required=True, choices=["serve", "receive"]),
+            mode=dict(type="str", required=True, choices=["serve", "receive", "index"]),
             dest=dict(type="path", required=True),
-            repo_id=dict(type="str", required=True),
+            repo_id=dict(type="str"),
+            hash=dict(type="bool", default=True),
             revision=dict(type="str", default="main"),
-            commit=dict(type="str", required=True),
-            key_file=dict(type="path", required=True, no_log=False),
+            commit=dict(type="str"),
+            key_file=dict(type="path", no_log=False),
             files=dict(type="list", elements="dict"),
             source=dict(type="str"),
             label=dict(type="str"),
@@ -258,11 +313,17 @@ def main() -> None:
             idle_s=dict(type="float", default=120),
             timeout_s=dict(type="float", default=3600),
         ),
-        required_if=[("mode", "serve", ("bind", "port")), ("mode", "receive", ("files", "source"))],
+        required_if=[
+            ("mode", "serve", ("repo_id", "commit", "key_file", "bind", "port")),
+            ("mode", "receive", ("repo_id", "commit", "key_file", "files", "source")),
+        ],
         supports_check_mode=True,
     )
     if module.params["mode"] == "serve":
         _serve(module)
+        return
+    if module.params["mode"] == "index":
+        _index(module)
         return
     params = dict(module.params, timeout_s=min(module.params["timeout_s"], 3600.0))
     run_module(

@@ -27,6 +27,8 @@ description:
   - The token of a gated or private model is read from O(token_file) (mode 0600) into the module's memory and
     handed to the client; it never appears in argv, a result or a message.
   - Every option is validated before anything is touched; a refusal names the option, the value and the fix.
+  - In check mode nothing is written in O(dest); the model's C(config.json) and the listed bytes of its safetensors
+    are returned (RV(config), RV(weights_bytes)) so that an engine can be planned before its model is downloaded.
 author:
   - uma.vllm developers (@uma-vllm)
 extends_documentation_fragment:
@@ -163,6 +165,18 @@ gated:
   returned: always
   type: bool
   sample: false
+config:
+  description: In check mode, the model's config.json at the commit (the local file when it is current, else read
+    from the Hub into a temporary directory that is removed; nothing is written in O(dest)), so that a plan can be
+    made before the download; null otherwise or when no config.json is wanted.
+  returned: always
+  type: dict
+  sample: {"architectures": ["LlamaForCausalLM"], "hidden_size": 2048}
+weights_bytes:
+  description: In check mode, the bytes of the safetensors files wanted, as the Hub lists them; null otherwise.
+  returned: always
+  type: int
+  sample: 1073741824
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -195,7 +209,7 @@ def main() -> None:
     def plan():
         request = mf.validate(module.params)
         state["client"] = mf.HubClient(request)
-        return mf.plan(request, state["client"])
+        return mf.plan(request, state["client"], peek=module.check_mode)
 
     run_module(
         module,

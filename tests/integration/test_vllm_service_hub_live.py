@@ -268,3 +268,22 @@ def test_the_role_downloads_then_plans_with_the_served_name(tmp_path, hub, venv)
                                                     check=False).returncode != 0:  # fmt: skip
         # no systemd here: the play stops at the first task that asks it, after the plan
         assert "TASK [uma.vllm.vllm_service : Read the engines, watchdogs and unit states on this node]" in out
+
+
+def test_check_mode_on_a_fresh_node_plans_the_hub_model_and_writes_nothing(tmp_path, hub, venv):
+    """Issue 34 item 2: --check before anything is downloaded used to stop at the plan (vllm_flags found no
+    config.json in the model's directory); model_fetch's check mode now peeks at the commit's config.json
+    (into a temporary directory) and the engine is planned from it."""
+    proc, out = run(tmp_path, role_play(tmp_path, hub, venv, REPO), "localhost ansible_connection=local\n", "-v",
+                    "--check")  # fmt: skip
+    dest = tmp_path / "models" / "lab" / "tiny-llama"
+    assert "TASK [uma.vllm.vllm_service : Plan each engine's memory budget" in out, out[-3000:]
+    plan = out.split("TASK [uma.vllm.vllm_service : Plan each engine's memory budget")[1].split("TASK [")[0]
+    assert "failed" not in plan.split("argv:")[0] and "argv: - vllm - serve - %s - " % dest in plan, plan[:3000]
+    assert "- --served-model-name - lab/tiny-llama" in plan
+    assert "env: UMA_MODEL_COMMIT: %s" % hub.repos[REPO].commit in plan
+    assert not any((tmp_path / d).exists() for d in ("models", "state", "etc", "systemd")), sorted(
+        p.name for p in tmp_path.iterdir())  # fmt: skip
+    fetched = [str(e["path"]) for e in hub.log if "/resolve/" in str(e["path"])]
+    assert fetched and all(p.endswith("/config.json") for p in fetched), fetched  # no weights were downloaded
+    del proc

@@ -129,6 +129,26 @@ def test_secret_only_in_the_0600_env_file_and_it_reaches_the_engine(host):
     assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8100/health") == "200"
 
 
+def test_the_model_on_cluster_ai1_only_was_copied_to_cluster_ai2_and_checked(host):
+    """Issue 34 item 3b: /models/tiny-1g is mounted on cluster-ai1 only (molecule.yml); the converge
+    copied it to cluster-ai2 over the cluster link, every file checked against cluster-ai1's index."""
+    mounts = host.check_output("findmnt -rno TARGET")
+    sums = dict(
+        reversed(line.split("  ", 1))
+        for line in host.check_output("cd /models/tiny-1g && sha256sum config.json *.safetensors").splitlines()
+    )
+    assert len(sums) == 5 and "config.json" in sums  # four shards and the config
+    if NODES.index(_name(host)) == 0:
+        assert "/models" in mounts.split()  # the owner's copy, read-only, untouched
+        return
+    assert "/models" not in mounts.split()
+    manifest = json.loads(host.file("/models/tiny-1g/.uma-model-manifest.json").content_string)
+    assert manifest["repo_id"] == "local/tp2" and manifest["endpoint"].startswith(
+        "copy from engine tp2, /models/tiny-1g on cluster-ai1 (http://")  # fmt: skip
+    assert {name: manifest["files"][name]["sha256"] for name in sums} == sums
+    assert not host.file("/models/tiny-1g/.uma-copy").exists
+
+
 def test_the_two_node_engine_answers_a_completion_through_rank_0(host):
     if NODES.index(_name(host)) != 0:
         pytest.skip("the API is on rank 0 (cluster-ai1)")

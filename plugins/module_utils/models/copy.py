@@ -173,7 +173,7 @@ def plan_receive(request: Receive, free: Optional[Callable[[str], int]] = None) 
     recorded = (manifest or {}).get("files") if isinstance((manifest or {}).get("files"), dict) else {}
     same_commit = bool(manifest) and manifest.get("commit") == request.commit
     stale = []
-    for name, want in sorted(request.files.items()):
+    for name, want in sorted(request.files.items(), key=lambda item: _copy_order(item[0])):
         have = recorded.get(name) if same_commit and isinstance(recorded.get(name), dict) else {}
         if mf._local_size(request.dest, name) != want["size"] or have.get("sha256") != want["sha256"]:
             stale.append(name)
@@ -190,6 +190,12 @@ def plan_receive(request: Receive, free: Optional[Callable[[str], int]] = None) 
         )
     verified = _verify_local(request) if current and request.verify else []
     return ReceivePlan(request, manifest, stale, need, available, verified, changed=not current)
+
+
+def _copy_order(name: str) -> Tuple[int, str]:
+    """config.json is copied last: a node that has it has the whole model (the role's presence check
+    looks for config.json, so an interrupted copy is found again and resumed on the next run)."""
+    return (1 if name == "config.json" else 0, name)
 
 
 def _verify_local(request: Receive) -> List[str]:
@@ -439,6 +445,62 @@ def diff_receive(p: ReceivePlan) -> Dict[str, str]:
 
 
 # --------------------------------------------------------------------------
+# index: a local model_path on the node that has it (issue 34 item 3b)
+
+MAX_INDEX_FILES = 100000
+
+
+def index_digest(files: Dict[str, Dict[str, Any]]) -> str:
+    """The content identity of an index: sha256 over every name, size and sha256 (the copy's "commit")."""
+    digest = hashlib.sha256()
+    for name, want in sorted(files.items()):
+        digest.update(("%s\0%d\0%s\n" % (name, want["size"], want.get("sha256") or "")).encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _skipped(name: str) -> bool:
+    return name.split("/", 1)[0] in (PART_DIR, ".cache", ".git") or name == mf.MANIFEST
+
+
+def index(root: str, hashed: bool, limit: int = MAX_INDEX_FILES) -> Dict[str, Any]:
+    """Every file of the model directory ``root`` (regular files, and symlinks to regular files, as a
+    Hugging Face cache snapshot has): name, size and, with ``hashed``, sha256; ``commit`` is the
+    index's digest (None without hashes), ``bytes`` their sum. The directory's own bookkeeping
+    (.uma-copy/, .cache/, .git/, the manifest) is left out. Read-only."""
+    root = mf._dest(root)
+    if not os.path.isfile(os.path.join(root, "config.json")):
+        raise _bad("dest", root, "has no config.json", "Give the model directory (config.json beside the weights).")
+    files: Dict[str, Dict[str, Any]] = {}
+    for top, dirs, names in os.walk(root):
+        dirs.sort()
+        rel_top = os.path.relpath(top, root)
+        for base in sorted(names):
+            name = base if rel_top == "." else "%s/%s" % (rel_top, base)
+            if _skipped(name):
+                continue
+            path = os.path.join(top, base)
+            try:
+                info = os.stat(path)
+            except OSError as err:
+                raise _bad("dest", root, "%s cannot be read (%s)" % (name, err.strerror or err),
+                           "Fix or remove it (a dangling symlink?) and run again.") from None  # fmt: skip
+            if not stat.S_ISREG(info.st_mode):
+                raise _bad("dest", root, "%s is not a regular file" % name, "Remove it from the model directory.")
+            file_name(name)
+            files[name] = {"size": info.st_size, "sha256": mf.sha256_of(path) if hashed else None}
+            if len(files) > limit:
+                raise _bad("dest", root, "holds more than %d files" % limit,
+                           "Give the model directory itself (config.json beside the weights).")  # fmt: skip
+        dirs[:] = [d for d in dirs if not _skipped(d if rel_top == "." else "%s/%s" % (rel_top, d))]
+    return {
+        "dest": root,
+        "files": [dict(name=n, **v) for n, v in sorted(files.items())],
+        "bytes": sum(v["size"] for v in files.values()),
+        "commit": index_digest(files) if hashed else None,
+    }
+
+
+# --------------------------------------------------------------------------
 # serve (rank 0)
 
 
@@ -447,9 +509,10 @@ class CopyServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: Tuple[str, int], root: str, files: Dict[str, Dict[str, Any]], key: bytes,
-                 say: Callable[[str], None]) -> None:  # fmt: skip
+                 say: Callable[[str], None], follow: bool = False) -> None:  # fmt: skip
         self.root = os.path.realpath(root)
         self.files = files
+        self.follow = follow
         self.check = _link_auth.RequestCheck(key)
         self.refusals = _link_auth.Refusals(say)
         self.lock = threading.Lock()
@@ -528,10 +591,11 @@ class CopyHandler(BaseHTTPRequestHandler):
 
     def _open(self, name: str) -> Any:
         path = os.path.join(self.server.root, name)
-        if os.path.commonpath([self.server.root, os.path.realpath(path)]) != self.server.root:
+        follow = self.server.follow
+        if not follow and os.path.commonpath([self.server.root, os.path.realpath(path)]) != self.server.root:
             return None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
         except OSError:
             return None
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -561,12 +625,20 @@ class Serve:
     idle_s: float
     timeout_s: float
     files: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    # an index of a local model_path: its files may be symlinks (a Hugging Face cache snapshot's point
+    # into ../../blobs); only the names the index holds are ever opened
+    follow: bool = False
 
 
 def validate_serve(params: Dict[str, Any]) -> Serve:
-    """The serve side's options, and the snapshot's manifest: only a verified snapshot of the commit is served."""
+    """The serve side's options, and the snapshot's manifest: only a verified snapshot of the commit is served.
+    With ``files`` (an index this node made of a local ``model_path``, mode index) those files are served,
+    each checked against its size first and the commit being the index's digest."""
     root = mf._dest(params.get("dest"))
     commit = params.get("commit")
+    if params.get("files"):
+        files = _indexed_files(root, params.get("files"), commit)
+        return _serve_options(params, root, commit, files, follow=True)
     manifest = mf.read_manifest(root) if os.path.isdir(root) else None
     if not manifest or manifest.get("commit") != commit or manifest.get("repo_id") != params.get("repo_id"):
         raise _bad(
@@ -585,6 +657,32 @@ def validate_serve(params: Dict[str, Any]) -> Serve:
                 "%s is not %d bytes as its manifest says" % (name, want["size"]),
                 "Run model_fetch with verify: true on rank 0 (it downloads what is damaged), then again.",
             )
+    return _serve_options(params, root, commit, files, follow=False)
+
+
+def _indexed_files(root: str, value: Any, commit: Any) -> Dict[str, Dict[str, Any]]:
+    files = expected_files(value)
+    if commit != index_digest(files):
+        raise _bad("commit", commit, "is not the digest of the files given (%s)" % index_digest(files),
+                   "Give the commit and files of one index of this directory (mode: index).")  # fmt: skip
+    for name, want in files.items():
+        info, problem = None, ""
+        try:
+            info = os.stat(os.path.join(root, name))
+        except OSError as err:
+            problem = str(err.strerror or err)
+        if info is None or not stat.S_ISREG(info.st_mode) or info.st_size != want["size"]:
+            raise _bad(
+                "dest", root,
+                "%s is not a %d-byte file as when it was indexed (%s)" % (
+                    name, want["size"], problem if info is None else "%d bytes" % info.st_size),
+                "The model changed while it was copied: run again (it is indexed anew).",
+            )  # fmt: skip
+    return files
+
+
+def _serve_options(params: Dict[str, Any], root: str, commit: Any, files: Dict[str, Dict[str, Any]],
+                   follow: bool) -> Serve:  # fmt: skip
     numbers = {}
     for option, low, high in (("port", 1, 65535), ("peers", 1, 1024), ("idle_s", 1, 3600), ("timeout_s", 1, 86400)):
         numbers[option] = number(option, params.get(option), low, high, "Give a number from %s to %s." % (low, high),
@@ -595,14 +693,15 @@ def validate_serve(params: Dict[str, Any]) -> Serve:
     key_file = params.get("key_file")
     secret_key("key_file", key_file, owners=(0, os.geteuid()))
     return Serve(root, str(params.get("repo_id")), str(commit), bind, int(numbers["port"]), str(key_file),
-                 int(numbers["peers"]), float(numbers["idle_s"]), float(numbers["timeout_s"]), files)  # fmt: skip
+                 int(numbers["peers"]), float(numbers["idle_s"]), float(numbers["timeout_s"]), files,
+                 follow)  # fmt: skip
 
 
 def serve(s: Serve, say: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> Dict[str, Any]:
     """Serve until every peer said done, idle_s passed without activity, or timeout_s; always stop."""
     key = secret_key("key_file", s.key_file, owners=(0, os.geteuid()))
     try:
-        server = CopyServer((s.bind, s.port), s.root, s.files, key, say)
+        server = CopyServer((s.bind, s.port), s.root, s.files, key, say, s.follow)
     except OSError as err:
         raise _bad("port", s.port, "cannot be bound on %s (%s)" % (s.bind, err.strerror or err),
                    "Free the port (master_port + 12 of the engine) or check uma_cluster_addr.") from None  # fmt: skip

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import stat
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -53,6 +54,7 @@ ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9
 TOKEN_RE = re.compile(r"[\x21-\x7e]{8,1024}")
 MAX_PATTERNS = 100
 HASH_BLOCK = 4 << 20
+MAX_PEEK_BYTES = 4 << 20  # a config.json is a few KiB
 
 
 @dataclass
@@ -95,6 +97,10 @@ class Plan:
     verified: List[str]
     changed: bool
     warnings: List[str] = field(default_factory=list)
+    # check mode (peek): the model's config.json and the listed bytes of its safetensors, so that the
+    # role plans an engine whose model is not downloaded yet (None otherwise)
+    config: Optional[Dict[str, Any]] = None
+    weights_bytes: Optional[int] = None
 
 
 def _bad(option: str, value: Any, problem: str, fix: str) -> UmaError:
@@ -281,7 +287,27 @@ def verify_files(dest: str, wanted: List[HubFile], manifest: Dict[str, Any]) -> 
     return checked
 
 
-def plan(request: Request, client: Any, free: Optional[Callable[[str], int]] = None) -> Plan:
+def _peek_config(request: Request, client: Any, listing: Listing, stale: List[str]) -> Dict[str, Any]:
+    """config.json of the commit: the local file when it is current, else read from the Hub (nothing written)."""
+    if "config.json" not in stale:
+        path = os.path.join(request.dest, "config.json")
+        with open(path, "rb") as handle:
+            blob = handle.read()
+    else:
+        blob = client.read_file(request.repo_id, listing.commit, "config.json")
+    try:
+        config = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise _bad("repo_id", request.repo_id, "has a config.json at %s that is not JSON (%s)" % (listing.commit, err),
+                   "Give a Hugging Face model (a transformers config.json beside the weights).") from None  # fmt: skip
+    if not isinstance(config, dict):
+        raise _bad("repo_id", request.repo_id, "has a config.json that is not a JSON object",
+                   "Give a Hugging Face model (a transformers config.json beside the weights).")  # fmt: skip
+    return config
+
+
+def plan(request: Request, client: Any, free: Optional[Callable[[str], int]] = None, peek: bool = False) -> Plan:
+    """What to download; with ``peek`` (check mode) also the model's config.json and weight bytes."""
     listing = client.listing(request.repo_id, request.revision)
     wanted = [f for f in listing.files if matches(f.name, request.allow_patterns)]
     if not wanted:
@@ -319,7 +345,11 @@ def plan(request: Request, client: Any, free: Optional[Callable[[str], int]] = N
             "Free space there or give a dest on a larger filesystem; nothing was downloaded.",
         )
     verified = verify_files(request.dest, wanted, manifest or {}) if current and request.verify else []
-    return Plan(request, listing, wanted, manifest, stale, need, available, verified, changed=not current)
+    out = Plan(request, listing, wanted, manifest, stale, need, available, verified, changed=not current)
+    if peek and any(f.name == "config.json" for f in wanted):
+        out.config = _peek_config(request, client, listing, stale)
+        out.weights_bytes = sum(f.size for f in wanted if f.name.endswith(".safetensors"))
+    return out
 
 
 def execute(p: Plan, client: Any) -> Dict[str, Any]:
@@ -379,6 +409,8 @@ def result(p: Plan, done: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         "space": {"path": p.request.dest, "need_bytes": p.need_bytes, "free_bytes": p.free_bytes},
         "verified": list(p.verified),
         "gated": p.listing.gated,
+        "config": p.config,
+        "weights_bytes": p.weights_bytes,
     }
 
 
@@ -500,6 +532,18 @@ class HubClient:
             )
         files = [HubFile(s.rfilename, s.size, getattr(s.lfs, "sha256", None) if s.lfs else None) for s in siblings]
         return Listing(commit=str(info.sha), files=files, gated=bool(getattr(info, "gated", False)))
+
+    def read_file(self, repo_id: str, commit: str, name: str) -> bytes:
+        """One small file of the commit (config.json in check mode), downloaded into a temporary directory
+        that is removed again: nothing is written where the model goes."""
+        with tempfile.TemporaryDirectory(prefix="uma-peek-") as tmp:
+            try:
+                path = self.hub.hf_hub_download(repo_id, name, revision=commit, cache_dir=tmp,
+                                                endpoint=self.view.endpoint, token=self.token)  # fmt: skip
+                with open(path, "rb") as handle:
+                    return handle.read(MAX_PEEK_BYTES)
+            except Exception as err:
+                raise _hub_problem(err, self.view) from None
 
     def download(self, repo_id: str, commit: str, dest: str, patterns: List[str]) -> None:
         try:

@@ -6,7 +6,7 @@
 What listens between the nodes of a multi-node engine is reachable only from the engine's own
 nodes: vLLM's ``master_port`` (torch.distributed's TCPStore listens on every address and vLLM
 cannot bind it), the launchers' rank link (``link_port``), the watchdogs' status port, rank 0's
-model copy port (``master_port + 12``, open only while a Hub model is copied) and, with the Ray
+model copy port (``master_port + 12``, open only while a model is copied) and, with the Ray
 backend, Ray's head port. One nftables table, ``inet uma_vllm``, with one ``input`` chain:
 a TCP packet to one of an engine's ports from an address that is not one of the engine's nodes'
 cluster addresses (``uma_cluster_addr``) is dropped; loopback is never filtered. The table is
@@ -51,7 +51,7 @@ def engine_ports(engine: Dict[str, Any]) -> List[int]:
         master,
         int(cluster["link_port"]),
         int(engine.get("watchdog_port") or master + STATUS_PORT_OFFSET),
-        master + COPY_PORT_OFFSET,  # rank 0 serves a Hub model to the other ranks (model_copy)
+        master + COPY_PORT_OFFSET,  # a Hub model or a model_path copied between the nodes (model_copy)
     }
     if cluster.get("backend") == "ray":
         ports.add(int(cluster["ray_port"]))

@@ -54,7 +54,8 @@ def _get(mapping: Any, key: str) -> Any:
     return mapping.get(key) if hasattr(mapping, "get") else None
 
 
-def _node_addr(hostvars: Any, host: str) -> Any:
+def node_addr(hostvars: Any, host: str) -> Any:
+    """A node's address on the cluster link (the role's node facts, else uma_cluster_addr), None when unset."""
     hv = hostvars[host] if host in hostvars else {}
     node = _get(hv, "__vllm_service_node")
     if isinstance(node, dict) and node.get("addr"):
@@ -67,7 +68,7 @@ def copy_port(engine: Dict[str, Any]) -> int:
     return int(engine["cluster"]["master_port"]) + COPY_PORT_OFFSET
 
 
-def _url(addr: str, port: int) -> str:
+def copy_url(addr: str, port: int) -> str:
     return "http://%s:%d" % ("[%s]" % addr if ":" in addr else addr, port)
 
 
@@ -91,7 +92,7 @@ def receives(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_
         head, name = engine["cluster"]["head"], engine["name"]
         found = _rank0_result(hostvars, head, name)
         files = found.get("files") or []
-        addr = _node_addr(hostvars, head)
+        addr = node_addr(hostvars, head)
         label = "engine %s, rank 0 on %s" % (name, head)
         if not found.get("commit") or not files or any(not f.get("sha256") for f in files) or not addr:
             pending.append(name)
@@ -108,7 +109,7 @@ def receives(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_
             "revision": engine["hub"]["revision"],
             "commit": found["commit"],
             "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in files],
-            "source": _url(addr, copy_port(engine)),
+            "source": copy_url(addr, copy_port(engine)),
             "label": label,
             "key_file": link_key_file(engines_dir, name),
         })  # fmt: skip
@@ -133,7 +134,7 @@ def servers(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_d
             for result in (_get(need, "results") or []) if need else []:
                 if (result.get("item") or {}).get("name") == engine["name"] and result.get("changed"):
                     peers += 1
-        addr = _node_addr(hostvars, engine["cluster"]["head"])
+        addr = node_addr(hostvars, engine["cluster"]["head"])
         if peers and addr:
             out.append({
                 "name": engine["name"],
@@ -145,4 +146,36 @@ def servers(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_d
                 "peers": peers,
                 "key_file": link_key_file(engines_dir, engine["name"]),
             })  # fmt: skip
+    return out
+
+
+def stand_ins(engines: List[Dict[str, Any]], hostvars: Any, source: Any, fetched: Any, copy_need: Any,
+              pending: Any) -> Dict[str, Any]:  # fmt: skip
+    """Check mode: engine name -> {config, weights_bytes} for each Hub engine whose model is not (whole)
+    on this host yet, so that it is planned before the download (model_fetch's peek: the commit's
+    config.json and the listed safetensors bytes). ``fetched``: this host's model_fetch results;
+    ``copy_need``: its check of rank 0's snapshot (a rank that copies); ``pending``: the engines whose
+    rank 0 has no verified snapshot yet (so neither has this rank). A model already whole here is
+    planned from its directory as on a real run."""
+    mine = {}
+    for result in fetched or []:
+        name = (result.get("item") or {}).get("name")
+        if name and not result.get("skipped") and isinstance(result.get("config"), dict):
+            mine[name] = result
+    lacking = {(r.get("item") or {}).get("name") for r in copy_need or [] if r.get("changed")}
+    out = {}
+    for engine in engines:
+        if not engine.get("hub") or engine.get("state") == "absent":
+            continue
+        name = engine["name"]
+        if copies_from_rank0(engine, source):
+            if name not in lacking and name not in (pending or []):
+                continue
+            found = _rank0_result(hostvars, engine["cluster"]["head"], name)
+        else:
+            found = mine.get(name) or {}
+            if not (found.get("download") or {}).get("files"):
+                continue
+        if isinstance(found.get("config"), dict):
+            out[name] = {"config": found["config"], "weights_bytes": found.get("weights_bytes")}
     return out

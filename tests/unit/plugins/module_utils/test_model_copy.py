@@ -293,3 +293,119 @@ def test_too_little_space_copies_nothing(tmp_path, rank0):
         mc.plan_receive(mc.validate_receive(receive_params(tmp_path, files, 1)), free=lambda _p: 10)
     assert "option 'dest'" in err.value.message and "nothing was copied" in err.value.message
     assert not (tmp_path / "rank1").exists()
+
+
+# --------------------------------------------------------------------------
+# a local model_path on one node: index, serve the index, copy it (issue 34 item 3b)
+
+
+@pytest.fixture
+def local_model(tmp_path):
+    """A Hugging Face cache snapshot as `hf download` leaves it: files are symlinks into ../../blobs."""
+    repo = tmp_path / "hub" / "models--lab--tiny"
+    snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    (snap / "sub").mkdir(parents=True)
+    blobs.mkdir()
+    data = {
+        "config.json": b'{"model_type": "llama"}',
+        "model.safetensors": os.urandom(2 * mc.BLOCK + 5),
+        "sub/tokenizer.json": b"{}",
+    }
+    for name, blob in data.items():
+        digest = hashlib.sha256(blob).hexdigest()
+        (blobs / digest).write_bytes(blob)
+        (snap / name).symlink_to(os.path.relpath(blobs / digest, (snap / name).parent))
+    (snap / mc.PART_DIR).mkdir()
+    (snap / mc.PART_DIR / "left.part").write_bytes(b"x")
+    (snap / ".cache").mkdir()
+    (snap / ".cache" / "huggingface").write_bytes(b"y")
+    return snap, data
+
+
+def test_an_index_lists_every_file_with_its_hash_and_a_digest(local_model):
+    snap, data = local_model
+    found = mc.index(str(snap), hashed=True)
+    assert [f["name"] for f in found["files"]] == sorted(data)  # bookkeeping (.uma-copy, .cache) left out
+    assert {f["name"]: f["sha256"] for f in found["files"]} == {n: hashlib.sha256(b).hexdigest()
+                                                                for n, b in data.items()}  # fmt: skip
+    assert found["bytes"] == sum(len(b) for b in data.values()) and len(found["commit"]) == 64
+    assert mc.index(str(snap), hashed=True)["commit"] == found["commit"]
+    quick = mc.index(str(snap), hashed=False)
+    assert quick["commit"] is None and all(f["sha256"] is None for f in quick["files"])
+    # a changed byte changes the digest
+    (snap / "sub" / "tokenizer.json").unlink()
+    (snap / "sub" / "tokenizer.json").write_bytes(b"[]")
+    assert mc.index(str(snap), hashed=True)["commit"] != found["commit"]
+
+
+@pytest.mark.parametrize("breakage, problem", [
+    ("no_config", "has no config.json"),
+    ("dangling", "cannot be read"),
+    ("fifo", "is not a regular file"),
+])  # fmt: skip
+def test_an_index_refuses_what_cannot_be_copied(local_model, breakage, problem):
+    snap, _data = local_model
+    if breakage == "no_config":
+        (snap / "config.json").unlink()
+    elif breakage == "dangling":
+        (snap / "gone.json").symlink_to("nowhere")
+    else:
+        os.mkfifo(str(snap / "pipe"))
+    with pytest.raises(UmaError) as err:
+        mc.index(str(snap), hashed=False)
+    assert err.value.option == "dest" and problem in err.value.message
+
+
+def _index_server(tmp_path, snap, found, **change):
+    port = _free_port()
+    params = dict({
+        "dest": str(snap), "repo_id": "local/tp2", "commit": found["commit"], "files": found["files"],
+        "bind": "127.0.0.1", "port": port, "key_file": _key(tmp_path / "server.key"), "peers": 1, "idle_s": 30,
+        "timeout_s": 60,
+    }, **change)  # fmt: skip
+    return port, params
+
+
+def test_an_index_is_served_through_its_symlinks_and_copied_config_json_last(tmp_path, local_model, monkeypatch):
+    snap, data = local_model
+    found = mc.index(str(snap), hashed=True)
+    port, params = _index_server(tmp_path, snap, found)
+    request = mc.validate_serve(params)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(mc.serve(request, print)), daemon=True)
+    thread.start()
+    dest = tmp_path / "ai2" / "models" / "tiny"
+    receive = {
+        "dest": str(dest), "repo_id": "local/tp2", "revision": "local", "commit": found["commit"],
+        "files": found["files"], "source": "http://127.0.0.1:%d" % port, "key_file": _key(tmp_path / "client.key"),
+        "verify": True, "label": "engine tp2, /models/tiny on ai1", "timeout_s": 10,
+    }  # fmt: skip
+    p = mc.plan_receive(mc.validate_receive(receive))
+    assert p.stale[-1] == "config.json" and sorted(p.stale) == sorted(data)
+    order = []
+    real_replace = os.replace
+    monkeypatch.setattr(mc.os, "replace", lambda a, b: (order.append(os.path.relpath(b, dest)), real_replace(a, b)))
+    mc.execute_receive(p)
+    thread.join(40)
+    assert result["stopped"] == "peers done" and result["files"] == 3
+    assert order[-1] == "config.json" and order[:2] == ["model.safetensors", "sub/tokenizer.json"]
+    for name, blob in data.items():
+        assert (dest / name).read_bytes() == blob and not (dest / name).is_symlink()
+    assert not (dest / mc.PART_DIR).exists()
+    assert not mc.plan_receive(mc.validate_receive(receive)).changed  # its manifest says it is whole
+
+
+def test_an_index_with_another_digest_or_a_file_changed_since_is_not_served(tmp_path, local_model):
+    snap, _data = local_model
+    found = mc.index(str(snap), hashed=True)
+    _port, params = _index_server(tmp_path, snap, found, commit="d" * 64)
+    with pytest.raises(UmaError) as err:
+        mc.validate_serve(params)
+    assert err.value.option == "commit" and "is not the digest of the files given" in err.value.message
+    (snap / "sub" / "tokenizer.json").unlink()
+    (snap / "sub" / "tokenizer.json").write_bytes(b"[1]")
+    _port, params = _index_server(tmp_path, snap, found)
+    with pytest.raises(UmaError) as err:
+        mc.validate_serve(params)
+    assert "sub/tokenizer.json is not a 2-byte file as when it was indexed (3 bytes)" in err.value.message
+    assert "run again" in err.value.message

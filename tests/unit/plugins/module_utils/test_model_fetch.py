@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """_model_fetch without a network: validation, the free-space refusal, the manifest, verify.
 
-``StandInHubClient`` is a STAND-IN FOR THE HUB at the client's level (the two methods
-_model_fetch calls: ``listing`` and ``download``) over local directories; the real client
+``StandInHubClient`` is a STAND-IN FOR THE HUB at the client's level (the methods
+_model_fetch calls: ``listing``, ``read_file`` and ``download``) over local directories; the real client
 against the HTTP stand-in is tests/integration/test_model_fetch_live.py.
 """
 
@@ -63,6 +63,12 @@ class StandInHubClient:
         if revision not in ("main", commit):
             raise mf._hub_problem(RevisionNotFoundError("404 Invalid rev id: %s" % revision), self.view)
         return mf.Listing(commit, files, gated)
+
+    def read_file(self, repo_id: str, commit: str, name: str) -> bytes:
+        root, _gated = self._repo(repo_id)
+        self.peeks = getattr(self, "peeks", 0) + 1
+        with open(os.path.join(root, name), "rb") as handle:
+            return handle.read()
 
     def download(self, repo_id: str, commit: str, dest: str, patterns) -> None:
         root, _gated = self._repo(repo_id)
@@ -289,3 +295,31 @@ def test_listing_without_sizes_refused(monkeypatch, tmp_path):
     with pytest.raises(UmaError) as err:
         client.listing("lab/tiny", "main")
     assert err.value.option == "endpoint" and "without sizes" in err.value.message
+
+
+def test_check_mode_peeks_at_config_json_and_writes_nothing(hub, tmp_path):
+    """Issue 34 item 2: check mode on a node without the model returns the config.json of the commit and
+    the listed safetensors bytes, so that the role plans the engine before the download."""
+    dest = str(tmp_path / "models" / "lab" / "tiny")
+    request = mf.validate(params(dest))
+    client = hub(request)
+    p = mf.plan(request, client, peek=True)
+    assert p.config == {"model_type": "llama"} and p.weights_bytes == 256 * 64 * 3 and client.peeks == 1
+    assert not os.path.exists(dest) and client.downloads == 0
+    out = mf.result(p, None)
+    assert out["config"] == {"model_type": "llama"} and out["weights_bytes"] == 256 * 64 * 3
+    assert mf.result(mf.plan(request, client), None)["config"] is None  # a real run does not peek
+    # downloaded: the local config.json is read, the Hub not asked for it again
+    mf.execute(mf.plan(request, client), client)
+    again = hub(request)
+    assert mf.plan(request, again, peek=True).config == {"model_type": "llama"} and not getattr(again, "peeks", 0)
+
+
+def test_a_config_json_that_is_not_json_is_refused_naming_the_model(hub, tmp_path):
+    root, _gated = hub.repos["lab/tiny"]
+    with open(os.path.join(root, "config.json"), "w") as handle:
+        handle.write("[1, 2")
+    request = mf.validate(params(str(tmp_path / "d")))
+    with pytest.raises(UmaError) as err:
+        mf.plan(request, hub(request), peek=True)
+    assert err.value.option == "repo_id" and "config.json" in err.value.message and "not JSON" in err.value.message

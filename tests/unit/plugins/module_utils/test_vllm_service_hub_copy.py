@@ -104,3 +104,32 @@ def test_the_copy_result_carries_the_commit_into_the_engine():
 def test_source_values():
     assert hc.source_errors("rank0") == [] and hc.source_errors("hub") == []
     assert "vllm_service_model_source = 'Rank0' is not one of rank0, hub. Fix:" in hc.source_errors("Rank0")[0]
+
+
+CONFIG = {"model_type": "llama", "hidden_size": 8}
+
+
+def _peeked(download_files, config=CONFIG):
+    return {"item": {"name": "tp"}, "commit": COMMIT, "files": FILES, "config": config, "weights_bytes": 10,
+            "download": {"files": download_files}}  # fmt: skip
+
+
+def test_check_mode_plans_a_model_not_yet_here_from_the_peeked_config():
+    """Issue 34 item 2: --check on fresh nodes plans each Hub engine from model_fetch's peek (rank 0's
+    for a rank that copies), and a model already whole on the node from its directory."""
+    want = {"tp": {"config": CONFIG, "weights_bytes": 10}}
+    # rank 0 (it downloads): a model still to download is planned from the peek, a whole one is not
+    assert hc.stand_ins([engine("ai1")], {}, "rank0", [_peeked(["config.json"])], [], []) == want
+    assert hc.stand_ins([engine("ai1")], {}, "rank0", [_peeked([])], [], []) == {}
+    # a rank that copies: from rank 0's peek when it lacks the model, or rank 0 has none to copy yet
+    hv = hostvars()
+    hv["ai1"]["__vllm_service_fetched"]["results"] = [dict(_peeked(["config.json"]), item=engine("ai1"))]
+    lacking = [{"item": {"name": "tp"}, "changed": True}]
+    whole = [{"item": {"name": "tp"}, "changed": False}]
+    assert hc.stand_ins([engine("ai2")], hv, "rank0", [], lacking, []) == want
+    assert hc.stand_ins([engine("ai2")], hv, "rank0", [], [], ["tp"]) == want
+    assert hc.stand_ins([engine("ai2")], hv, "rank0", [], whole, []) == {}
+    # every node downloads itself (source hub): its own peek; no peek (a real run): nothing
+    assert hc.stand_ins([engine("ai2")], hv, "hub", [_peeked(["m.safetensors"])], [], []) == want
+    assert hc.stand_ins([engine("ai2")], hv, "hub", [_peeked(["m.safetensors"], config=None)], [], []) == {}
+    assert "vllm_service_hub_stand_ins" in vs.FilterModule().filters()

@@ -153,3 +153,31 @@ def test_a_directory_in_place_of_a_file_is_refused_before_copying(tmp_path, rank
     failed, result = run_module(model_copy, _args(tmp_path, files, _closed_port()))
     assert failed and result["msg"].startswith("option 'dest' = ") and "not a regular file" in result["msg"]
     assert sorted(p.name for p in dest.iterdir()) == ["config.json"] and (dest / "config.json").is_dir()
+
+
+def test_index_mode_reads_only_and_returns_what_the_planner_needs(tmp_path, run_module):
+    """mode index on a local model directory (issue 34 item 3b): files, sizes, sha256, a digest, the
+    config.json and the weight bytes; nothing written, in check mode too (hash: false there)."""
+    root = tmp_path / "models" / "tiny"
+    root.mkdir(parents=True)
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}}).encode()
+    shard = len(header).to_bytes(8, "little") + header + b"\0" * 32
+    (root / "model.safetensors").write_bytes(shard)
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 4}))
+    before = sorted(os.listdir(root))
+    failed, result = run_module(model_copy, {"mode": "index", "dest": str(root)})
+    assert not failed and result["changed"] is False, result
+    assert [f["name"] for f in result["files"]] == ["config.json", "model.safetensors"]
+    assert result["files"][1]["sha256"] == hashlib.sha256(shard).hexdigest() and len(result["commit"]) == 64
+    assert result["weights_bytes"] == 32 and result["config"]["model_type"] == "llama"
+    failed, quick = run_module(model_copy, {"mode": "index", "dest": str(root), "hash": False}, check_mode=True)
+    assert not failed and quick["commit"] is None and quick["bytes"] == result["bytes"]
+    assert sorted(os.listdir(root)) == before
+    failed, result = run_module(model_copy, {"mode": "index", "dest": str(tmp_path / "none")})
+    assert failed and result["msg"].startswith("option 'dest' = ") and "has no config.json" in result["msg"]
+
+
+def test_serve_and_receive_still_require_what_they_need(tmp_path, run_module):
+    failed, result = run_module(model_copy, {"mode": "serve", "dest": str(tmp_path), "bind": "127.0.0.1",
+                                             "port": 1})  # fmt: skip
+    assert failed and "repo_id" in result["msg"] and "commit" in result["msg"] and "key_file" in result["msg"]
