@@ -109,7 +109,8 @@ def test_source_values():
 CONFIG = {"model_type": "llama", "hidden_size": 8}
 
 
-def _peeked(download_files, config=CONFIG):
+def _peeked(download_files, config="the model's"):
+    config = dict(CONFIG) if config == "the model's" else config
     return {"item": {"name": "tp"}, "commit": COMMIT, "files": FILES, "config": config, "weights_bytes": 10,
             "download": {"files": download_files}}  # fmt: skip
 
