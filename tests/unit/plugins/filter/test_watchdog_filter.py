@@ -145,9 +145,11 @@ def test_the_watchdog_configs_are_checked_before_anything_on_the_node_changes():
     # only checks, plans and read-only facts come first - and the version read, which the plan needs:
     # its one lasting change is pulling a missing image (the plan is for the vLLM that image has);
     # likewise downloading an engine's model from the Hub (the plan reads the model's config.json),
-    # after the Hub settings themselves were checked (issue 21 item 3)
+    # after the Hub settings themselves were checked (issue 21 item 3), and copying a model_path from the
+    # node that has it to those that lack it (issue 34 item 3b: model files, no configuration of the node)
     assert changing == [
         "Read the vLLM version each engine will run (and check and pull the images)",
+        "Copy each model_path from the node that has it to the engine's nodes that lack it",
         "Download the engines' models from the Hub and verify them on every node",
     ]
 
