@@ -492,6 +492,11 @@ def index(root: str, hashed: bool, limit: int = MAX_INDEX_FILES) -> Dict[str, An
                 raise _bad("dest", root, "holds more than %d files" % limit,
                            "Give the model directory itself (config.json beside the weights).")  # fmt: skip
         dirs[:] = [d for d in dirs if not _skipped(d if rel_top == "." else "%s/%s" % (rel_top, d))]
+        for base in dirs:
+            if os.path.islink(os.path.join(top, base)):  # os.walk would pass over it without a word
+                raise _bad("dest", root, "%s is a symlink to a directory, which the copy does not follow"
+                           % (base if rel_top == "." else "%s/%s" % (rel_top, base)),
+                           "Put the directory itself there (or the files), then run again.")  # fmt: skip
     return {
         "dest": root,
         "files": [dict(name=n, **v) for n, v in sorted(files.items())],

@@ -342,6 +342,7 @@ def test_an_index_lists_every_file_with_its_hash_and_a_digest(local_model):
     ("no_config", "has no config.json"),
     ("dangling", "cannot be read"),
     ("fifo", "is not a regular file"),
+    ("linked_dir", "sub2 is a symlink to a directory, which the copy does not follow"),
 ])  # fmt: skip
 def test_an_index_refuses_what_cannot_be_copied(local_model, breakage, problem):
     snap, _data = local_model
@@ -349,6 +350,8 @@ def test_an_index_refuses_what_cannot_be_copied(local_model, breakage, problem):
         (snap / "config.json").unlink()
     elif breakage == "dangling":
         (snap / "gone.json").symlink_to("nowhere")
+    elif breakage == "linked_dir":
+        (snap / "sub2").symlink_to("sub")
     else:
         os.mkfifo(str(snap / "pipe"))
     with pytest.raises(UmaError) as err:
