@@ -66,7 +66,7 @@ pytestmark = pytest.mark.alone
 PREFIX = os.environ.get("UMA_ITEST_PREFIX", "itest")
 NODE = "%s-examples-%d" % (PREFIX, os.getpid())
 MODEL = ROOT / ".cache" / "lab" / "models" / "tiny-1g"
-MODEL_PATHS = ("/models/llama-3.1-70b", "/models/hub/tiny")
+MODEL_PATHS = ("/models/llama-3.1-70b", "/models/hub/tiny", "/models/my-model")
 # vllm_flags' examples plan 8192 and 65536 tokens: the tiny Llama with Llama 3.1's context length.
 LONG_MODEL_PATHS = ("/models/Meta-Llama-3-8B-Instruct", "/models/Qwen3-Next-80B-A3B-Instruct")
 HUB_PORT = 8765
