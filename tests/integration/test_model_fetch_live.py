@@ -199,7 +199,9 @@ def test_gated_without_token_refused_with_token_works(hub, tmp_path, capfd):
 def test_too_small_disk_refused_before_any_byte(hub, tmp_path, monkeypatch):
     dest = str(tmp_path / "dest")
     real_plan = mf.plan
-    monkeypatch.setattr(mf, "plan", lambda request, client: real_plan(request, client, free=lambda _path: 1000))
+    monkeypatch.setattr(
+        mf, "plan", lambda request, client, **kw: real_plan(request, client, free=lambda _path: 1000, **kw)
+    )
     failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint})
     assert failed and "'dest'" in res["msg"] and dest in res["msg"] and "1000 bytes" in res["msg"], res
     assert "needs" in res["msg"] and not os.path.exists(dest)
