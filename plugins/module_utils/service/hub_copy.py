@@ -72,13 +72,27 @@ def copy_url(addr: str, port: int) -> str:
     return "http://%s:%d" % ("[%s]" % addr if ":" in addr else addr, port)
 
 
-def _rank0_result(hostvars: Any, head: str, name: str) -> Dict[str, Any]:
-    hv = hostvars[head] if head in hostvars else {}
-    fetched = _get(hv, "__vllm_service_fetched")
-    for result in (_get(fetched, "results") or []) if fetched else []:
-        if (result.get("item") or {}).get("name") == name and not result.get("skipped"):
+def host_var(hostvars: Any, host: str, var: str) -> Any:
+    """A host's variable from the play's hostvars, None when the host or the variable is not there."""
+    return _get(hostvars[host] if host in hostvars else {}, var)
+
+
+def loop_result(results: Any, name: str) -> Dict[str, Any]:
+    """The result for the engine ``name`` in a registered loop over engines (``item`` = the engine)
+    that was not skipped, {} when there is none."""
+    for result in results or []:
+        if isinstance(result, dict) and (result.get("item") or {}).get("name") == name and not result.get("skipped"):
             return result
     return {}
+
+
+def copy_files(files: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The files a copy checks, as model_copy takes them: name, size, sha256 of each."""
+    return [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in files]
+
+
+def _rank0_result(hostvars: Any, head: str, name: str) -> Dict[str, Any]:
+    return loop_result(_get(host_var(hostvars, head, "__vllm_service_fetched"), "results"), name)
 
 
 def receives(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_dir: str) -> Dict[str, Any]:
@@ -108,7 +122,7 @@ def receives(engines: List[Dict[str, Any]], hostvars: Any, source: Any, engines_
             "repo_id": engine["hub"]["repo_id"],
             "revision": engine["hub"]["revision"],
             "commit": found["commit"],
-            "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in files],
+            "files": copy_files(files),
             "source": copy_url(addr, copy_port(engine)),
             "label": label,
             "key_file": link_key_file(engines_dir, name),
@@ -157,11 +171,6 @@ def stand_ins(engines: List[Dict[str, Any]], hostvars: Any, source: Any, fetched
     ``copy_need``: its check of rank 0's snapshot (a rank that copies); ``pending``: the engines whose
     rank 0 has no verified snapshot yet (so neither has this rank). A model already whole here is
     planned from its directory as on a real run."""
-    mine = {}
-    for result in fetched or []:
-        name = (result.get("item") or {}).get("name")
-        if name and not result.get("skipped") and isinstance(result.get("config"), dict):
-            mine[name] = result
     lacking = {(r.get("item") or {}).get("name") for r in copy_need or [] if r.get("changed")}
     out = {}
     for engine in engines:
@@ -173,7 +182,7 @@ def stand_ins(engines: List[Dict[str, Any]], hostvars: Any, source: Any, fetched
                 continue
             found = _rank0_result(hostvars, engine["cluster"]["head"], name)
         else:
-            found = mine.get(name) or {}
+            found = loop_result(fetched, name)
             if not (found.get("download") or {}).get("files"):
                 continue
         if isinstance(found.get("config"), dict):

@@ -34,7 +34,13 @@ from typing import Any, Dict, List
 
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import COPY_PORT_OFFSET, _err
 from ansible_collections.uma.vllm.plugins.module_utils.service.files import link_key_file
-from ansible_collections.uma.vllm.plugins.module_utils.service.hub_copy import copy_url, node_addr
+from ansible_collections.uma.vllm.plugins.module_utils.service.hub_copy import (
+    copy_files,
+    copy_url,
+    host_var,
+    loop_result,
+    node_addr,
+)
 
 STAT_VAR = "__vllm_service_model_stat"
 
@@ -55,8 +61,7 @@ def paths(engines: Any) -> List[str]:
 
 def _found(hostvars: Any, host: str, path: str) -> Any:
     """True / False for the model at ``path`` on ``host``, None when that host did not look."""
-    hv = hostvars[host] if host in hostvars else None
-    stat = hv.get(STAT_VAR) if hv is not None and hasattr(hv, "get") else None
+    stat = host_var(hostvars, host, STAT_VAR)
     results = stat.get("results") if isinstance(stat, dict) else None
     for result in results if isinstance(results, list) else []:
         if not isinstance(result, dict) or result.get("item") != path:
@@ -131,27 +136,13 @@ def presence(engines: Any, hostvars: Any, this_host: Any, copy: Any = False) -> 
 # the copy of a model_path from the node that has it (models_path_copy.yml)
 
 INDEX_VAR = "__vllm_service_path_index"
-NEED_VAR = "__vllm_service_path_need"
-
-
-def _hv(hostvars: Any, host: str, var: str) -> Any:
-    hv = hostvars[host] if host in hostvars else None
-    return hv.get(var) if hv is not None and hasattr(hv, "get") else None
 
 
 def _index_of(hostvars: Any, source: str, name: str) -> Dict[str, Any]:
     """The source node's index result for the engine (its model_copy mode index), {} when none."""
-    found = _hv(hostvars, source, INDEX_VAR)
-    for result in (found.get("results") or []) if isinstance(found, dict) else []:
-        if (
-            isinstance(result, dict)
-            and (result.get("item") or {}).get("name") == name
-            and not result.get("skipped")
-            and not result.get("failed")
-            and isinstance(result.get("files"), list)
-        ):
-            return result
-    return {}
+    registered = host_var(hostvars, source, INDEX_VAR)
+    found = loop_result(registered.get("results") if isinstance(registered, dict) else None, name)
+    return found if not found.get("failed") and isinstance(found.get("files"), list) else {}
 
 
 def indexes(copies: Any, this_host: Any) -> List[Dict[str, Any]]:
@@ -177,7 +168,7 @@ def receives(copies: Any, hostvars: Any, this_host: Any, engines_dir: str) -> Di
         items.append({
             "name": c["name"], "dest": c["path"], "repo_id": "local/%s" % c["name"], "revision": "local",
             "commit": found["commit"], "source": copy_url(addr, c["port"]),
-            "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in files],
+            "files": copy_files(files),
             "label": "engine %s, %s on %s" % (c["name"], c["path"], c["source"]),
             "key_file": link_key_file(engines_dir, c["name"]),
         })  # fmt: skip
@@ -192,7 +183,7 @@ def servers(copies: Any, hostvars: Any, this_host: Any, engines_dir: str) -> Lis
         if found.get("commit") and addr:
             out.append({
                 "name": c["name"], "dest": c["path"], "repo_id": "local/%s" % c["name"], "commit": found["commit"],
-                "files": [{"name": f["name"], "size": f["size"], "sha256": f["sha256"]} for f in found["files"]],
+                "files": copy_files(found["files"]),
                 "bind": addr, "port": c["port"], "peers": len(c["lack"]),
                 "key_file": link_key_file(engines_dir, c["name"]),
             })  # fmt: skip
@@ -206,6 +197,6 @@ def stand_ins(copies: Any, hostvars: Any, this_host: Any) -> Dict[str, Any]:
     for c in copies or []:
         found = _index_of(hostvars, c["source"], c["name"])
         if this_host in c.get("lack", []) and isinstance(found.get("config"), dict):
-            for name in c.get("engines") or [c["name"]]:
+            for name in c["engines"]:
                 out[name] = {"config": found["config"], "weights_bytes": found.get("weights_bytes")}
     return out
