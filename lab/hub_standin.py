@@ -29,14 +29,21 @@ authorised - never the token itself).
   python3 lab/hub_standin.py --repo lab/tiny-llama=/tmp/tiny-llama --port 8765 \\
       [--gated lab/tiny-llama --token-file /root/hf_token]
 
-What it does NOT do: xet storage, redirects to a CDN, pagination, private repos,
-datasets/spaces, uploads.
+With ``cdn=True`` (``--cdn``) it redirects as the Hub does: ``GET .../resolve/...`` of an
+LFS file answers ``302`` (with ``X-Repo-Commit``, ``X-Linked-Size``, ``X-Linked-Etag``) to a
+signed URL on another origin (``http://localhost:PORT/cdn/...?sig=...``: the same server
+under another host name), which refuses a request that carries an ``Authorization`` header
+(400, as S3's signed URLs do: a client must not forward the Hub token to a CDN) or a wrong
+signature (403).
+
+What it does NOT do: xet storage, pagination, private repos, datasets/spaces, uploads.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -44,7 +51,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Dict, List, Optional, Tuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 LFS_MIN = 10 * 1024 * 1024
@@ -52,6 +59,7 @@ _REPO = r"(?P<repo>[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)"
 INFO_RE = re.compile(r"^/api/models/%s(?:/revision/(?P<rev>[^/]+))?/?$" % _REPO)
 TREE_RE = re.compile(r"^/api/models/%s/tree/(?P<rev>[^/]+)(?:/(?P<sub>.*))?$" % _REPO)
 RESOLVE_RE = re.compile(r"^/%s/resolve/(?P<rev>[^/]+)/(?P<path>.+)$" % _REPO)
+CDN_RE = re.compile(r"^/cdn/%s/(?P<rev>[0-9a-f]{40})/(?P<path>.+)$" % _REPO)
 
 
 def _sha256(path: str) -> str:
@@ -134,10 +142,18 @@ class HubStandIn(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: Tuple[str, int], repos: Dict[str, Repo], token: Optional[str] = None) -> None:
+    def __init__(
+        self, address: Tuple[str, int], repos: Dict[str, Repo], token: Optional[str] = None, cdn: bool = False
+    ) -> None:
         super().__init__(address, Handler)
         self.repos = repos
         self.token = token
+        self.cdn = cdn
+        self.cdn_key = os.urandom(16)
+        # a test sets cut_after: the first whole-file GET of each file ends after that many bytes (a lost
+        # connection); the names cut so far are in ``cut``
+        self.cut_after: Optional[int] = None
+        self.cut: List[str] = []
         self.log: List[Dict[str, object]] = []
         self.lock = threading.Lock()
 
@@ -145,6 +161,9 @@ class HubStandIn(ThreadingHTTPServer):
     def endpoint(self) -> str:
         host, port = self.server_address[:2]
         return "http://%s:%d" % (host, port)
+
+    def signature(self, path: str) -> str:
+        return hmac.new(self.cdn_key, path.encode(), hashlib.sha256).hexdigest()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -177,9 +196,14 @@ class Handler(BaseHTTPRequestHandler):
         return bool(token) and given == "Bearer %s" % token
 
     def _route(self, head: bool) -> None:
-        path = unquote(urlsplit(self.path).path)
+        parts = urlsplit(self.path)
+        path = unquote(parts.path)
         with self.server.lock:
-            self.server.log.append({"method": self.command, "path": path, "authorised": self._authorised()})
+            self.server.log.append({"method": self.command, "path": path, "authorised": self._authorised(),
+                                    "range": self.headers.get("Range")})  # fmt: skip
+        cdn = CDN_RE.match(path)
+        if cdn:
+            return self._cdn(cdn, parts.query, head)
         kind, match = "", None
         for regex, name in ((INFO_RE, "info"), (TREE_RE, "tree"), (RESOLVE_RE, "resolve")):
             match = regex.match(path)
@@ -203,6 +227,40 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(401, "GatedRepo", "Access to model %s is restricted." % repo.repo_id, head)
         if kind == "tree":
             return self._json(200, [repo.tree_entry(name) for name in sorted(repo.files)], head)
+        meta = repo.files.get(match.group("path"))
+        if self.server.cdn and meta is not None and meta["lfs"]:
+            return self._redirect(repo, match.group("path"), meta, head)
+        return self._file(repo, match.group("path"), head)
+
+    def _redirect(self, repo: Repo, name: str, meta: Dict[str, object], head: bool) -> None:
+        """302 to a signed URL on another origin (localhost instead of the endpoint's address), as the Hub does."""
+        path = "/cdn/%s/%s/%s" % (repo.repo_id, repo.commit, name)
+        port = self.server.server_address[1]
+        location = "http://localhost:%d%s?sig=%s" % (port, quote(path), self.server.signature(path))
+        headers = {
+            "Location": location,
+            "X-Repo-Commit": repo.commit,
+            "X-Linked-Size": str(meta["size"]),
+            "X-Linked-Etag": '"%s"' % meta["etag"],
+            "ETag": '"%s"' % meta["oid"],
+        }
+        self._send(302, b"", headers, head)
+
+    def _cdn(self, match: re.Match[str], query: str, head: bool) -> None:
+        if self.headers.get("Authorization"):
+            return self._send(400, b"<Error><Code>InvalidArgument</Code><Message>Only one auth mechanism allowed"
+                              b"</Message></Error>", {"Content-Type": "application/xml"}, head)  # fmt: skip
+        path = "/cdn/%s/%s/%s" % (match.group("repo"), match.group("rev"), match.group("path"))
+        given = dict(item.split("=", 1) for item in query.split("&") if "=" in item).get("sig", "")
+        repo = self.server.repos.get(match.group("repo"))
+        if (
+            repo is None
+            or not hmac.compare_digest(given, self.server.signature(path))
+            or repo.commit != match.group("rev")
+        ):
+            return self._send(
+                403, b"<Error><Code>AccessDenied</Code></Error>", {"Content-Type": "application/xml"}, head
+            )
         return self._file(repo, match.group("path"), head)
 
     def _file(self, repo: Repo, name: str, head: bool) -> None:
@@ -229,9 +287,17 @@ class Handler(BaseHTTPRequestHandler):
         self._send(code, b"", headers, head=True)
         if head:
             return None
+        left = end - start + 1
+        key = "%s/%s" % (repo.repo_id, name)
+        cut = self.server.cut_after
+        if cut is not None and code == 200 and cut < left:
+            with self.server.lock:
+                first = key not in self.server.cut
+                self.server.cut.append(key)
+            if first:
+                left, self.close_connection = cut, True
         with open(os.path.join(repo.root, name), "rb") as handle:
             handle.seek(start)
-            left = end - start + 1
             while left > 0:
                 block = handle.read(min(left, 1 << 20))
                 if not block:
@@ -247,10 +313,12 @@ class Handler(BaseHTTPRequestHandler):
         self._route(head=True)
 
 
-def serve(repos: Dict[str, str], gated: Tuple[str, ...] = (), token: Optional[str] = None, port: int = 0) -> HubStandIn:
+def serve(
+    repos: Dict[str, str], gated: Tuple[str, ...] = (), token: Optional[str] = None, port: int = 0, cdn: bool = False
+) -> HubStandIn:
     """Start the stand-in on 127.0.0.1 in a background thread; ``.endpoint`` is its URL."""
     served = {repo_id: Repo(repo_id, root, repo_id in gated) for repo_id, root in repos.items()}
-    server = HubStandIn(("127.0.0.1", port), served, token)
+    server = HubStandIn(("127.0.0.1", port), served, token, cdn)
     threading.Thread(target=server.serve_forever, name="hub-standin", daemon=True).start()
     return server
 
@@ -261,13 +329,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--gated", action="append", default=[], help="OWNER/NAME that needs the bearer token")
     parser.add_argument("--token-file", help="file holding the bearer token of gated repos")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--cdn", action="store_true", help="redirect LFS files to a signed URL on another origin")
     args = parser.parse_args(argv)
     repos = dict(item.split("=", 1) for item in args.repo)
     token = None
     if args.token_file:
         with open(args.token_file, encoding="utf-8") as handle:
             token = handle.read().strip()
-    server = serve(repos, tuple(args.gated), token, args.port)
+    server = serve(repos, tuple(args.gated), token, args.port, args.cdn)
     sys.stdout.write("hub stand-in on %s serving %s\n" % (server.endpoint, ", ".join(sorted(repos))))
     sys.stdout.flush()
     threading.Event().wait()

@@ -13,7 +13,8 @@ version_added: 0.1.0
 description:
   - Resolves O(revision) of the model O(repo_id) to a commit on the Hub (the real Hugging Face Hub, a mirror, or
     the lab's stand-in through O(endpoint)) and downloads the files that match O(allow_patterns) into O(dest)
-    with the node's C(huggingface_hub) client (C(snapshot_download); an interrupted download resumes).
+    with the module's own Hub client (Python's standard library, nothing to install on the node; O(client)); an
+    interrupted download resumes.
   - Before any byte is written, the sizes of the files still to download (from the Hub's file listing) are
     compared with the free space of the filesystem of O(dest); too little space fails naming O(dest), what is
     needed and what is free.
@@ -70,6 +71,17 @@ options:
         C(preprocessor_config.json), C(chat_template.jinja), C(chat_template.json)).
     type: list
     elements: str
+  client:
+    description:
+      - V(builtin) downloads with the module's own client (Python's C(urllib); the token goes to the O(endpoint)'s
+        own host only, not to the CDN a file is redirected to; 4 files at a time; partial files under
+        O(dest)C(/.cache/uma-hub) resume with a C(Range) request; lost connections, 5xx and 429 answers are tried
+        again 4 times).
+      - V(huggingface_hub) uses the node's C(huggingface_hub) package (C(snapshot_download)), which must be installed
+        in the Python Ansible uses on the node (0.23 or later).
+    type: str
+    choices: [builtin, huggingface_hub]
+    default: builtin
   verify:
     description:
       - Hash every safetensors file already in O(dest) and compare it with the manifest and the Hub's LFS
@@ -78,8 +90,10 @@ options:
     type: bool
     default: false
 notes:
-  - Needs the C(huggingface_hub) package in the node's Python.
-  - The client keeps its download metadata and partial files under O(dest)C(/.cache/huggingface).
+  - Needs nothing but Python on the node with the default O(client=builtin); O(client=huggingface_hub) needs that
+    package in the node's Python.
+  - The client keeps its partial files under O(dest)C(/.cache/uma-hub) (O(client=builtin)) or its download
+    metadata and partial files under O(dest)C(/.cache/huggingface) (O(client=huggingface_hub)).
   - The free-space check counts the full size of every file still to download; a partial file from an
     interrupted run is not subtracted.
 seealso:
@@ -201,6 +215,7 @@ def main() -> None:
             endpoint=dict(type="str"),
             allow_patterns=dict(type="list", elements="str"),
             verify=dict(type="bool", default=False),
+            client=dict(type="str", default="builtin", choices=["builtin", "huggingface_hub"]),
         ),
         supports_check_mode=True,
     )
@@ -208,7 +223,7 @@ def main() -> None:
 
     def plan():
         request = mf.validate(module.params)
-        state["client"] = mf.HubClient(request)
+        state["client"] = mf.make_client(request)
         return mf.plan(request, state["client"], peek=module.check_mode)
 
     run_module(

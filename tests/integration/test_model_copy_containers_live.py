@@ -5,10 +5,11 @@
 one Docker network, the lab image uma-lab/node:bookworm): the role's model tasks download the
 model on ai1 only, and ai2 copies it from ai1 over the network between them (uma.vllm.model_copy).
 
-lab/hub_standin.py, a STAND-IN FOR THE HUB, runs INSIDE ai1 on its loopback (127.0.0.1:8765):
-ai2 cannot reach it at all, and ai2's own endpoint (the same URL) points at its own loopback,
-where nothing listens -- a download on ai2 would fail. ai1's modules run with the lab vLLM venv's
-Python (the real huggingface_hub), ai2's with the image's bare python3 (no huggingface_hub).
+lab/hub_standin.py, a STAND-IN FOR THE HUB, runs INSIDE ai1 on its loopback (127.0.0.1:8765),
+redirecting the shards to its "CDN" origin as the Hub does (--cdn): ai2 cannot reach it at all,
+and ai2's own endpoint (the same URL) points at its own loopback, where nothing listens -- a
+download on ai2 would fail. Both nodes' modules run with the image's bare python3, which has no
+huggingface_hub (a stock node: model_fetch's default client is built in).
 The containers run `sleep` rather than systemd: nothing here needs a service manager.
 """
 
@@ -27,7 +28,6 @@ from test_vllm_parser_oracle import IMAGE
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PREFIX = os.environ.get("UMA_ITEST_PREFIX", "uma-itest-copy") + "-%d" % os.getpid()
-VENV = ROOT / ".cache" / "lab" / "vllm-venv"
 REPO = "lab/tiny-llama"
 DEST = "/var/lib/uma-vllm/models/lab/tiny-llama"
 STANDIN = "http://127.0.0.1:8765"
@@ -43,8 +43,6 @@ def _require():
         reason = "docker is not installed"
     elif docker("image", "inspect", IMAGE, check=False).returncode != 0:
         reason = "the lab image %s is not available" % IMAGE
-    elif not (VENV / "bin" / "python").exists():
-        reason = "the lab vLLM venv %s is not built (tests/setup.sh)" % VENV
     if reason is None:
         return
     if os.environ.get("UMA_REQUIRE_VLLM") == "1":
@@ -62,12 +60,12 @@ def nodes(tmp_path_factory):
     docker("network", "create", net)
     names = {"ai1": PREFIX + "-ai1", "ai2": PREFIX + "-ai2"}
     try:
-        docker("run", "-d", "--name", names["ai1"], "--network", net, "-v", "%s:/opt/vllm:ro" % VENV.resolve(),
+        docker("run", "-d", "--name", names["ai1"], "--network", net,
                "-v", "%s:/hub/tiny-llama:ro" % model, "-v", "%s:/lab:ro" % (ROOT / "lab"), IMAGE,
                "sleep", "infinity")  # fmt: skip
         docker("run", "-d", "--name", names["ai2"], "--network", net, IMAGE, "sleep", "infinity")
         docker("exec", "-d", names["ai1"], "python3", "/lab/hub_standin.py", "--repo", "%s=/hub/tiny-llama" % REPO,
-               "--port", "8765")  # fmt: skip
+               "--port", "8765", "--cdn")  # fmt: skip
         addrs = {}
         for host, name in names.items():
             fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
@@ -114,7 +112,7 @@ def play(tmp_path, nodes, *extra, keys="keys"):
     )
     (tmp_path / "hosts.ini").write_text(
         "[all]\n"
-        + line % ("ai1", nodes["names"]["ai1"], "/opt/vllm/bin/python", nodes["addrs"]["ai1"])
+        + line % ("ai1", nodes["names"]["ai1"], "/usr/bin/python3", nodes["addrs"]["ai1"])
         + line % ("ai2", nodes["names"]["ai2"], "/usr/bin/python3", nodes["addrs"]["ai2"])
     )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(ROOT / ".cache" / "collections"), ANSIBLE_NOCOLOR="1")
@@ -132,10 +130,11 @@ def shas(nodes, host):
 
 
 def test_ai2_copies_ai1_s_download_and_never_reaches_the_hub(tmp_path, nodes):
-    # ai2 cannot reach the stand-in at all (it listens on ai1's loopback); ai2 has no huggingface_hub
-    assert docker("exec", nodes["names"]["ai2"], "python3", "-c", "import huggingface_hub", check=False).returncode
+    # ai2 cannot reach the stand-in at all (it listens on ai1's loopback); neither node has huggingface_hub
+    for host in ("ai1", "ai2"):
+        assert docker("exec", nodes["names"][host], "python3", "-c", "import huggingface_hub", check=False).returncode
     proc, out = play(tmp_path, nodes, "-e", "vllm_service_model_source=hub")
-    assert proc.returncode == 2 and "failed: [ai2]" in out and "huggingface_hub" in out, out[-3000:]
+    assert proc.returncode == 2 and "failed: [ai2]" in out and "Connection refused" in out, out[-3000:]
 
     proc, out = play(tmp_path, nodes, "-e", "__vllm_service_copy_idle_s=30")
     assert proc.returncode == 0, out[-5000:]

@@ -1,13 +1,16 @@
 # -*- coding: utf-8 -*-
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""uma.vllm.model_fetch with the REAL huggingface_hub client against a STAND-IN FOR THE HUB.
+"""uma.vllm.model_fetch with each of its REAL clients against a STAND-IN FOR THE HUB.
 
 No model hub is reachable here, so lab/hub_standin.py (stdlib http.server) serves a real
-tiny safetensors model made by lab/make_model.py on 127.0.0.1; the module, the client
-(``HfApi.model_info`` + ``snapshot_download``), the hashing, the free-space check and the
-manifest are the real ones. One test runs the module through the ``ansible`` command with
--vvv and checks that the token is in none of its output.
+tiny safetensors model made by lab/make_model.py on 127.0.0.1, redirecting its LFS files to
+a signed URL on another origin as the Hub does (``cdn=True``: the "CDN" refuses a request
+that carries the token). Each test runs with both clients (``client``): the module's own
+(``builtin``, urllib) and the real ``huggingface_hub`` (``HfApi.model_info`` +
+``snapshot_download``); the hashing, the free-space check and the manifest are the real
+ones. One test runs the module through the ``ansible`` command with -vvv and checks that
+the token is in none of its output; the last ones interrupt the built-in client's download.
 """
 
 from __future__ import annotations
@@ -61,13 +64,14 @@ def model(tmp_path_factory):
     return str(out)
 
 
-@pytest.fixture
-def hub(model, tmp_path, monkeypatch):
+@pytest.fixture(params=["builtin", "huggingface_hub"])
+def hub(request, model, tmp_path, monkeypatch):
     gated_dir = tmp_path / "gated"
     shutil.copytree(model, gated_dir)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    server = hub_standin.serve({REPO: model, GATED: str(gated_dir)}, gated=(GATED,), token=TOKEN)
+    server = hub_standin.serve({REPO: model, GATED: str(gated_dir)}, gated=(GATED,), token=TOKEN, cdn=True)
+    server.client = request.param
     yield server
     server.shutdown()
     server.server_close()
@@ -99,7 +103,7 @@ def listing(dest):
 
 def test_download_then_unchanged_then_corruption_found(hub, model, tmp_path):
     dest = str(tmp_path / "dest")
-    args = {"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint}
+    args = {"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint, "client": hub.client}
     failed, res = run(args, check_mode=True)
     assert not failed and res["changed"] and not os.path.exists(dest), res
     assert res["download"]["done"] is False and res["download"]["bytes"] > 0
@@ -144,7 +148,7 @@ def test_new_commit_downloads_the_changed_file(hub, model, tmp_path):
     shutil.copytree(model, source)
     hub.repos["lab/moving"] = hub_standin.Repo("lab/moving", str(source))
     dest = str(tmp_path / "dest")
-    args = {"repo_id": "lab/moving", "dest": dest, "endpoint": hub.endpoint}
+    args = {"repo_id": "lab/moving", "dest": dest, "endpoint": hub.endpoint, "client": hub.client}
     failed, first = run(args)
     assert not failed and first["changed"]
     config = json.loads((source / "config.json").read_text())
@@ -165,7 +169,7 @@ def test_new_commit_downloads_the_changed_file(hub, model, tmp_path):
 
 def test_gated_without_token_refused_with_token_works(hub, tmp_path, capfd):
     dest = str(tmp_path / "dest")
-    args = {"repo_id": GATED, "dest": dest, "endpoint": hub.endpoint}
+    args = {"repo_id": GATED, "dest": dest, "endpoint": hub.endpoint, "client": hub.client}
     failed, res = run(args)
     assert failed and "token_file" in res["msg"] and "gated" in res["msg"] and not os.path.exists(dest), res
 
@@ -180,6 +184,9 @@ def test_gated_without_token_refused_with_token_works(hub, tmp_path, capfd):
     assert not failed and res["changed"] and res["gated"], res
     assert TOKEN not in json.dumps(res)
     assert any(e["authorised"] for e in hub.log if "/resolve/" in str(e["path"]))
+    # the shards came from the "CDN" (another origin), which refuses a request carrying the token
+    cdn = [e for e in hub.log if str(e["path"]).startswith("/cdn/")]
+    assert cdn and not any(e["authorised"] for e in cdn), hub.log
     out, err = capfd.readouterr()
     assert TOKEN not in out + err
     for base, _dirs, names in os.walk(dest):
@@ -191,7 +198,13 @@ def test_gated_without_token_refused_with_token_works(hub, tmp_path, capfd):
     wrong.write_text("hf_wrongWrongWrong0000")
     wrong.chmod(0o600)
     failed, res = run(
-        {"repo_id": GATED, "dest": str(tmp_path / "d2"), "endpoint": hub.endpoint, "token_file": str(wrong)}
+        {
+            "repo_id": GATED,
+            "dest": str(tmp_path / "d2"),
+            "endpoint": hub.endpoint,
+            "token_file": str(wrong),
+            "client": hub.client,
+        }
     )
     assert failed and "token_file" in res["msg"] and "hf_wrongWrongWrong0000" not in json.dumps(res), res
 
@@ -202,7 +215,7 @@ def test_too_small_disk_refused_before_any_byte(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(
         mf, "plan", lambda request, client, **kw: real_plan(request, client, free=lambda _path: 1000, **kw)
     )
-    failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint})
+    failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint, "client": hub.client})
     assert failed and "'dest'" in res["msg"] and dest in res["msg"] and "1000 bytes" in res["msg"], res
     assert "needs" in res["msg"] and not os.path.exists(dest)
     assert not [e for e in hub.log if "/resolve/" in str(e["path"])]
@@ -216,7 +229,7 @@ def test_too_small_tmpfs_refused_before_any_byte(hub, tmp_path):
         pytest.fail("mount -t tmpfs failed")
     try:
         dest = str(small / "model")
-        failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint})
+        failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": hub.endpoint, "client": hub.client})
         assert failed and dest in res["msg"] and "free" in res["msg"], res
         assert os.listdir(str(small)) == []
     finally:
@@ -228,7 +241,8 @@ def test_through_ansible_token_in_no_output(hub, tmp_path):
     token_file.write_text(TOKEN)
     token_file.chmod(0o600)
     dest = str(tmp_path / "dest")
-    module_args = "repo_id=%s dest=%s endpoint=%s token_file=%s verify=true" % (GATED, dest, hub.endpoint, token_file)
+    module_args = "repo_id=%s dest=%s endpoint=%s token_file=%s verify=true client=%s" % (
+        GATED, dest, hub.endpoint, token_file, hub.client)  # fmt: skip
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
     proc = subprocess.run(
         [
@@ -253,3 +267,53 @@ def test_through_ansible_token_in_no_output(hub, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "CHANGED" in proc.stdout and TOKEN not in proc.stdout + proc.stderr
     assert os.path.isfile(os.path.join(dest, mf.MANIFEST))
+
+
+@pytest.fixture
+def builtin_hub(model, tmp_path):
+    server = hub_standin.serve({REPO: model}, cdn=True)
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_lost_connection_is_resumed_with_a_range(builtin_hub, model, tmp_path):
+    """Every file's first GET ends early (the stand-in closes the connection): the built-in client asks
+    again from where it stopped, and the result is whole."""
+    builtin_hub.cut_after = 1000
+    dest = str(tmp_path / "dest")
+    failed, res = run({"repo_id": REPO, "dest": dest, "endpoint": builtin_hub.endpoint})
+    assert not failed and res["changed"], res
+    shards = sorted(n for n in os.listdir(model) if n.endswith(".safetensors"))
+    for shard in shards:
+        assert mf.sha256_of(os.path.join(dest, shard)) == mf.sha256_of(os.path.join(model, shard))
+        ranged = [e for e in builtin_hub.log if str(e["path"]).endswith("/" + shard) and e["range"]]
+        assert [e["range"] for e in ranged if str(e["path"]).startswith("/cdn/")] == ["bytes=1000-"], builtin_hub.log
+    assert not os.path.exists(os.path.join(dest, ".cache")), os.listdir(dest)
+
+
+def test_a_killed_run_s_partial_file_is_resumed_by_the_next_run(builtin_hub, model, tmp_path):
+    """A run killed mid-file leaves dest/.cache/uma-hub/NAME.part: the next run asks only for the rest."""
+    dest = tmp_path / "dest"
+    shard = sorted(n for n in os.listdir(model) if n.endswith(".safetensors"))[0]
+    data = open(os.path.join(model, shard), "rb").read()
+    part = dest / ".cache" / "uma-hub" / (shard + ".part")
+    part.parent.mkdir(parents=True)
+    part.write_bytes(data[: len(data) // 2])
+    failed, res = run({"repo_id": REPO, "dest": str(dest), "endpoint": builtin_hub.endpoint})
+    assert not failed and res["changed"], res
+    assert mf.sha256_of(str(dest / shard)) == mf.sha256_of(os.path.join(model, shard))
+    asked = [e["range"] for e in builtin_hub.log if str(e["path"]).startswith("/cdn/") and shard in str(e["path"])]
+    assert asked == ["bytes=%d-" % (len(data) // 2)], builtin_hub.log
+    assert not part.exists()
+
+
+def test_a_mirror_that_lists_a_path_outside_dest_is_refused(builtin_hub, model, tmp_path, monkeypatch):
+    repo = builtin_hub.repos[REPO]
+    files = dict(repo.files)
+    files["../escape.json"] = dict(files["config.json"])
+    monkeypatch.setattr(repo, "files", files)
+    failed, res = run({"repo_id": REPO, "dest": str(tmp_path / "dest"), "endpoint": builtin_hub.endpoint,
+                       "allow_patterns": ["*.json"]})  # fmt: skip
+    assert failed and "'endpoint'" in res["msg"] and "../escape.json" in res["msg"], res
+    assert not (tmp_path / "escape.json").exists() and not (tmp_path / "dest").exists()

@@ -15,8 +15,8 @@ What the examples need on the node is made here, as FIXTURES (the examples are n
   config says Llama 3.1's context length (131072 positions);
 - a process whose command line says ``vllm serve`` (the loader whose PID drop_cache_loop's
   example looks up; a ``sleep`` renamed with ``exec -a``);
-- ``/root/.hf_token`` (0600) and, for model_fetch, ``/opt/vllm`` (the lab's vLLM venv: the node's
-  ``huggingface_hub``) as the module's interpreter;
+- ``/root/.hf_token`` (0600); model_fetch runs in the image's own python3 (no ``huggingface_hub``: its
+  default client is built in);
 - ``/srv/support/case-42``: an exported journal (``qwen.log``), a kernel log and a state dir;
 - for model_copy, rank 0's verified snapshot in the examples' dest, made by running model_fetch for
   real against the Hub stand-in, and the engine's 0600 link key at the examples' ``key_file``;
@@ -95,7 +95,7 @@ STAND_INS = {
         "device": "/dev/vda"  # no NVMe here: the machine's real disk
     },
 }
-# model_fetch: every example talks to the Hub stand-in (endpoint) with the node's huggingface_hub.
+# model_fetch: every example talks to the Hub stand-in (endpoint) with the module's built-in client.
 HUB_MODULES = {"model_fetch"}
 # model_copy: rank 0's snapshot (the fixture fetches it for real), the engine's link key, the other rank's dir.
 COPY_REPO = "Qwen/Qwen3-0.6B"
@@ -136,7 +136,7 @@ def _copy_fixtures(tmp):
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
     proc = subprocess.run(
         ["ansible", "node", "-i", _inventory(tmp / "fixture-hosts.yml"), "-m", "uma.vllm.model_fetch",
-         "-a", json.dumps(args), "-e", "ansible_python_interpreter=/opt/vllm/bin/python"],
+         "-a", json.dumps(args)],
         check=False, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, "model_fetch could not make rank 0's snapshot:\n" + proc.stdout[-3000:]
@@ -203,7 +203,6 @@ def _playbook(hub_commit):
                     args["endpoint"] = "http://127.0.0.1:%d" % HUB_PORT
                     if "revision" in args:
                         args["revision"] = hub_commit  # the stand-in serves main and its own commit
-                    task["vars"] = {"ansible_python_interpreter": "/opt/vllm/bin/python"}
                 task[key] = args
             task["name"] = "%s | %s" % (module, name)
             body.append(task)

@@ -5,18 +5,19 @@
 
 validate -> plan (ask the Hub for the commit and the file listing, compare with the
 manifest in dest, check the free space, optionally hash the safetensors) -> execute
-(``huggingface_hub.snapshot_download`` into dest, hash every file, compare with the
-Hub's sizes and LFS sha256, write the manifest atomically) -> result.
+(download the missing files into dest, hash every file, compare with the Hub's sizes
+and LFS sha256, write the manifest atomically) -> result.
 
-The Hub client is :class:`HubClient` (the real ``huggingface_hub``, imported on the
-node when the module runs); tests pass a stand-in with the same two methods. The
+The Hub client (:func:`make_client`) is the built-in one by default
+(``hub_http.BuiltinHubClient``: Python's urllib, nothing to install on the node) or,
+with ``client: huggingface_hub``, :class:`HubClient` (the node's ``huggingface_hub``,
+imported only then); tests pass a stand-in with the same three methods. The
 token is read from a 0600 file into memory and handed to the client as an argument:
 it is never in argv, the environment of other processes, a result or a message.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
@@ -25,7 +26,15 @@ import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
+from urllib.error import URLError
 
+from ansible_collections.uma.vllm.plugins.module_utils.models.hub_http import (
+    MAX_PEEK_BYTES,
+    BuiltinHubClient,
+    HubFile,
+    Listing,
+    matches,
+)
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, atomic_write_json
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -54,23 +63,6 @@ ENDPOINT_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9
 TOKEN_RE = re.compile(r"[\x21-\x7e]{8,1024}")
 MAX_PATTERNS = 100
 HASH_BLOCK = 4 << 20
-MAX_PEEK_BYTES = 4 << 20  # a config.json is a few KiB
-
-
-@dataclass
-class HubFile:
-    """One file of the repository at the commit: name, size, LFS sha256 where the Hub lists one."""
-
-    name: str
-    size: int
-    lfs_sha256: Optional[str] = None
-
-
-@dataclass
-class Listing:
-    commit: str
-    files: List[HubFile]
-    gated: bool = False
 
 
 @dataclass
@@ -82,6 +74,7 @@ class Request:
     allow_patterns: List[str]
     verify: bool
     token_file: Optional[str] = None
+    client: str = "builtin"
     token: Optional[str] = field(default=None, repr=False)
 
 
@@ -190,10 +183,16 @@ def read_token(path: Any) -> str:
     return token
 
 
+CLIENTS = ("builtin", "huggingface_hub")
+
+
 def validate(params: Dict[str, Any]) -> Request:
     verify = params.get("verify")
     if not isinstance(verify, bool):
         raise _bad("verify", verify, "is not a boolean", "Give true or false.")
+    client = params.get("client") or "builtin"
+    if client not in CLIENTS:
+        raise _bad("client", client, "is not a Hub client this module has", "Give builtin or huggingface_hub.")
     token_file = params.get("token_file")
     request = Request(
         repo_id=_repo_id(params.get("repo_id")),
@@ -203,6 +202,7 @@ def validate(params: Dict[str, Any]) -> Request:
         allow_patterns=_patterns(params.get("allow_patterns")),
         verify=verify,
         token_file=token_file,
+        client=client,
     )
     if token_file is not None:
         request.token = read_token(token_file)
@@ -260,10 +260,6 @@ def _local_size(dest: str, name: str) -> Optional[int]:
             "Remove %s and run again; the module downloads it." % path,
         )
     return info.st_size
-
-
-def matches(name: str, patterns: List[str]) -> bool:
-    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 def verify_files(dest: str, wanted: List[HubFile], manifest: Dict[str, Any]) -> List[str]:
@@ -360,7 +356,7 @@ def execute(p: Plan, client: Any) -> Dict[str, Any]:
         path = os.path.join(dest, name)
         if os.path.lexists(path):
             os.unlink(path)  # a file of the wrong size is damaged or from another commit: fetch it again
-    client.download(p.request.repo_id, p.listing.commit, dest, p.request.allow_patterns)
+    client.download(p.request.repo_id, p.listing.commit, dest, p.request.allow_patterns, files=p.wanted)
     files = {}
     for item in p.wanted:
         path = os.path.join(dest, item.name)
@@ -451,6 +447,14 @@ def _hub_problem(err: BaseException, request: HubRequestView) -> UmaError:
             "is not a branch, tag or commit of %s" % request.repo_id,
             "Give an existing revision (main, a tag, or a commit sha).",
         )
+    if "BadListing" in names:
+        return _bad(
+            "endpoint",
+            request.endpoint,
+            "is not answering as the Hugging Face Hub does: it %s" % text,
+            "Use the Hub (unset endpoint) or a mirror that serves the Hub's API"
+            " (/api/models/ID/revision/REV?blobs=True).",
+        )
     if "RepositoryNotFoundError" in names:
         return _bad(
             "repo_id",
@@ -483,6 +487,22 @@ class HubRequestView:
     def __init__(self, repo_id: str, revision: str, endpoint: str, token_file: Optional[str], token: Optional[str]):
         self.repo_id, self.revision, self.endpoint = repo_id, revision, endpoint
         self.token_file, self.token = token_file, token
+
+
+def make_client(request: Request) -> Any:
+    """The client ``request.client`` names: the built-in one (stdlib, nothing to install) or huggingface_hub."""
+    if request.client == "huggingface_hub":
+        return HubClient(request)
+    view = HubRequestView(request.repo_id, request.revision, request.endpoint, request.token_file, request.token)
+
+    def problem(err: BaseException) -> BaseException:
+        if isinstance(err, UmaError):
+            return err
+        if isinstance(err, OSError) and not isinstance(err, (ConnectionError, TimeoutError, URLError)):
+            return err  # the disk (dest), not the Hub: the module names the path
+        return _hub_problem(err, view)
+
+    return BuiltinHubClient(request.endpoint, request.token, problem=problem)
 
 
 class HubClient:
@@ -545,7 +565,8 @@ class HubClient:
             except Exception as err:
                 raise _hub_problem(err, self.view) from None
 
-    def download(self, repo_id: str, commit: str, dest: str, patterns: List[str]) -> None:
+    def download(self, repo_id: str, commit: str, dest: str, patterns: List[str], files: Any = None) -> None:
+        del files  # snapshot_download lists the commit itself
         try:
             self.hub.snapshot_download(
                 repo_id,

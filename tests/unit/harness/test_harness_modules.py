@@ -835,7 +835,7 @@ class ModelFetch(Target):
         return {"repo_id": "lab/tiny", "dest": dest, "token_file": token, "verify": True}
 
     def extra_patches(self):
-        return [(_model_fetch, "HubClient", StandInHubClient)]
+        return [(_model_fetch, "make_client", StandInHubClient)]
 
     def special(self, data, root, args):
         case = data.draw(st.sampled_from(["gated", "space", "revision", "repo"]), label="hub case")

@@ -70,7 +70,7 @@ class StandInHubClient:
         with open(os.path.join(root, name), "rb") as handle:
             return handle.read()
 
-    def download(self, repo_id: str, commit: str, dest: str, patterns) -> None:
+    def download(self, repo_id: str, commit: str, dest: str, patterns, files=None) -> None:
         root, _gated = self._repo(repo_id)
         self.downloads += 1
         for item in self._files(root):
@@ -226,7 +226,7 @@ def test_download_that_delivers_wrong_bytes_fails_naming_file(hub, tmp_path, mon
     dest = str(tmp_path / "dest")
     real = StandInHubClient.download
 
-    def corrupting(self, repo_id, commit, dest, patterns):
+    def corrupting(self, repo_id, commit, dest, patterns, files=None):
         real(self, repo_id, commit, dest, patterns)
         path = os.path.join(dest, "model-00001-of-00002.safetensors")
         data = bytearray(open(path, "rb").read())
