@@ -200,7 +200,7 @@ class Handler(BaseHTTPRequestHandler):
         path = unquote(parts.path)
         with self.server.lock:
             self.server.log.append({"method": self.command, "path": path, "authorised": self._authorised(),
-                                    "range": self.headers.get("Range")})  # fmt: skip
+                                    "range": self.headers.get("Range"), "client": self.client_address[0]})  # fmt: skip
         cdn = CDN_RE.match(path)
         if cdn:
             return self._cdn(cdn, parts.query, head)
@@ -314,11 +314,16 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def serve(
-    repos: Dict[str, str], gated: Tuple[str, ...] = (), token: Optional[str] = None, port: int = 0, cdn: bool = False
+    repos: Dict[str, str],
+    gated: Tuple[str, ...] = (),
+    token: Optional[str] = None,
+    port: int = 0,
+    cdn: bool = False,
+    host: str = "127.0.0.1",
 ) -> HubStandIn:
-    """Start the stand-in on 127.0.0.1 in a background thread; ``.endpoint`` is its URL."""
+    """Start the stand-in on host (127.0.0.1) in a background thread; ``.endpoint`` is its URL."""
     served = {repo_id: Repo(repo_id, root, repo_id in gated) for repo_id, root in repos.items()}
-    server = HubStandIn(("127.0.0.1", port), served, token, cdn)
+    server = HubStandIn((host, port), served, token, cdn)
     threading.Thread(target=server.serve_forever, name="hub-standin", daemon=True).start()
     return server
 

@@ -25,6 +25,8 @@
 #                      (default: UMA_LAB_PREFIX): a second lab can reuse the first one's loaded
 #                      engine image, never while the first one's nodes run
 #   UMA_LAB_SETUP=0    skip tests/setup.sh (a machine that is set up)
+#   UMA_LAB_MODELS=0   do not mount .cache/lab/models at /models (nodes without any model, as two
+#                      fresh Sparks are: the quick-start test's model comes from the stand-in Hub)
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
 # On a fresh machine it first runs tests/setup.sh (apt, docker engine, .venv, the collection
@@ -106,7 +108,8 @@ start_node() {
   docker rm -f "$name" >/dev/null 2>&1 || true
   # ai1 owns the shared kernel's live vm.* values (/proc/sys writable); ai2 only persists its
   # file (/proc/sys read-only), as in molecule/cluster.
-  local cmd=() opts=(-v "$cache/vllm-venv:/opt/vllm:ro")
+  local cmd=() opts=(-v "$cache/vllm-venv:/opt/vllm:ro") models=(-v "$cache/models:/models:ro")
+  [ "${UMA_LAB_MODELS:-1}" = 1 ] || models=()
   [ "$node" = ai1 ] || cmd=(/bin/sh -c 'mount -o remount,rw /sys && exec /lib/systemd/systemd')
   if [ "$runtime" = container ]; then
     # Docker inside the node (lab/build-engine-image.sh says why these two), its images and
@@ -119,7 +122,7 @@ start_node() {
     --cap-add SYS_ADMIN --security-opt apparmor=unconfined --cgroupns host \
     -v /sys/fs/cgroup:/sys/fs/cgroup:rw --tmpfs /run --tmpfs /run/lock --tmpfs /tmp \
     --shm-size 1g --stop-signal SIGRTMIN+3 \
-    "${opts[@]}" -v "$cache/models:/models:ro" \
+    "${opts[@]}" "${models[@]}" \
     "$image" "${cmd[@]}" >/dev/null
   log "$name started ($runtime runtime)"
 }

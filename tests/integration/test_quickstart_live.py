@@ -21,12 +21,22 @@ A command is changed only by ``LAB_VALUES`` (the README's placeholders and publi
 README lost, fails the test before anything runs (drift; tests/unit/test_quickstart_readme.py
 proves that check).
 
-STAND-INS for what cannot exist here: the nodes are containers reached with
-``community.docker.docker`` instead of SSH (``ansible_connection`` added to the inventory); no
+The nodes are reached as a fresh pair's owner reaches them: over SSH (the node's real sshd,
+openssh-server installed into each node by this test as a DGX OS node has it) as ``spark``, a user
+whose sudo asks for a password (the ``sudo`` group, no NOPASSWD anywhere), with ``-K`` answered from
+a 0600 file. The key is the test's own (``ansible_ssh_private_key_file`` and the known-hosts file
+named in hosts.yml: ssh reads ~/.ssh from the account's passwd home, not from the test's HOME).
+
+STAND-INS for what cannot exist here: the nodes are containers on this machine's Docker bridge; no
 GPU, no NGC registry and no 80B model: the engine is the lab's vLLM CPU build (uma-lab/vllm-cpu,
-loaded, not pulled; lab/runtime-container.yml's settings) serving the tiny Llama from
-.cache/lab/models at /models/tiny-1g, tensor parallel 2 over the Docker bridge (eth0) instead of
-the ConnectX link.
+loaded, not pulled; lab/runtime-container.yml's settings), tensor parallel 2 over the Docker
+bridge (eth0) instead of the ConnectX link. The model is the README's Hub id, from a STAND-IN
+FOR THE HUB: lab/hub_standin.py on this machine's Docker bridge address serves the lab's tiny
+Llama (.cache/lab/models/tiny-1g, 1 GiB of real safetensors) as ``lab/tiny-llama``
+(``vllm_service_hub_endpoint`` added to the inventory); neither node has a model or
+``huggingface_hub`` (``UMA_LAB_MODELS=0``: nothing mounted at /models). The test checks that the
+check-mode run downloaded nothing (only config.json was read, into memory), that only ai1 asked
+the stand-in for the weights, each file once, and that ai2 got them over the cluster link.
 
 The engine image (3.9 GB) is loaded into each node's Docker, kept on a named volume:
 ``UMA_QUICKSTART_VOLUME_PREFIX`` ('' by default: the lab's own uma-lab-ai{1,2}-docker volumes,
@@ -49,6 +59,9 @@ import yaml
 from _quickstart import check_known
 from test_vllm_parser_oracle import ROOT
 
+sys.path.insert(0, str(ROOT / "lab"))
+import hub_standin
+
 PREFIX = os.environ.get("UMA_QUICKSTART_PREFIX", "itest-qs-")
 VOLUME_PREFIX = os.environ.get("UMA_QUICKSTART_VOLUME_PREFIX", "")
 HOSTS = ("ai1", "ai2")
@@ -56,28 +69,33 @@ API_KEY = "quickstart-key-%d" % os.getpid()
 VAULT_PASSWORD = "quickstart-vault-password-%d" % os.getpid()
 NODE_IMAGE = "uma-lab/node-docker:bookworm"
 # The README's placeholders and published example values in its commands -> the lab's.
+SSH_USER = "spark"
+SUDO_PASSWORD = "quickstart-sudo-%d" % os.getpid()
 LAB_VALUES = {
-    "<ssh user>": "root",
-    # no terminal in a test: the same vault password from a file (the vault example names both)
+    "<ssh user>": SSH_USER,
+    # no terminal in a test: the passwords from 0600 files (the options ansible-playbook has for both)
+    " -K ": " --become-password-file ~/become-pass ",
     "--ask-vault-pass": "--vault-password-file ~/vault-pass",
     # ai1's management address (ansible_host): the lab's node has one address, its cluster link's too
     "10.0.0.11": "{ai1_addr}",
     "<vault_vllm_api_key>": API_KEY,
-    "/models/Qwen3-Next-80B-A3B-Instruct": "/models/tiny-1g",
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": "lab/tiny-llama",
 }
+MODEL = ROOT / ".cache" / "lab" / "models" / "tiny-1g"
+MODELS_DIR = "/var/lib/uma-vllm/models"
 # The README's quick start, command by command, and what the test does with each (in this order).
 STEPS = [
     ("ansible-galaxy collection build && ansible-galaxy collection install uma-vllm-0.1.0.tar.gz"
      "   # from this checkout", "shell"),
     ("cp -r inventories/spark ~/sparks", "shell"),
     ("ansible-vault encrypt", "values_table"),
-    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass --check --diff", "check_run"),
-    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass", "shell"),
+    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> -K --ask-vault-pass --check --diff", "check_run"),
+    ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> -K --ask-vault-pass", "run"),
     ("systemctl status uma-vllm@qwen3-next", "on_each_node"),
     ('curl -s http://10.0.0.11:8000/v1/completions -H "Authorization: Bearer <vault_vllm_api_key>" '
-     "-H 'Content-Type: application/json' -d '{\"model\": \"/models/Qwen3-Next-80B-A3B-Instruct\", "
+     "-H 'Content-Type: application/json' -d '{\"model\": \"Qwen/Qwen3-Next-80B-A3B-Instruct\", "
      '"prompt": "The capital of France is", "max_tokens": 8}\'', "curl"),
-    ("ansible-playbook uma.vllm.restore -i ~/sparks -u <ssh user> --ask-vault-pass", "restore"),
+    ("ansible-playbook uma.vllm.restore -i ~/sparks -u <ssh user> -K --ask-vault-pass", "restore"),
 ]  # fmt: skip
 KNOBS = ("min_free_kbytes", "vfs_cache_pressure", "dirty_ratio", "dirty_background_ratio", "swappiness")
 
@@ -102,10 +120,12 @@ def _lab_inventory(ctx):
     for index, host in enumerate(HOSTS):
         table += [
             ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_host"], "10.0.0.1%d" % (index + 1),
-             ctx["nodes"][host]),
-            # a stand-in: the lab reaches its nodes with docker exec, not SSH
-            ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_connection"], None,
-             "community.docker.docker"),
+             ctx["addrs"][host]),
+            # the test's own key and known hosts (an owner's are in ~/.ssh, which ssh finds by itself)
+            ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_ssh_private_key_file"], None,
+             str(ctx["home"] / ".ssh" / "id_ed25519")),
+            ("hosts.yml", ["all", "children", "spark", "hosts", host, "ansible_ssh_common_args"], None,
+             "-o UserKnownHostsFile=%s -o StrictHostKeyChecking=yes" % (ctx["home"] / ".ssh" / "known_hosts")),
             ("host_vars/%s.yml" % host, ["uma_cluster_addr"], "192.168.100.1%d" % (index + 1), ctx["addrs"][host]),
             ("host_vars/%s.yml" % host, ["uma_net_interface"], "enp1s0f1np1", "eth0"),
             # the README's override: the lab's nodes share this machine's RAM and kernel (inventories/lab)
@@ -119,8 +139,10 @@ def _lab_inventory(ctx):
         ("group_vars/spark.yml", ["uma_reserve_gib"], None, 4),
         ("group_vars/spark.yml", ["vllm_service_image"], "nvcr.io/nvidia/vllm:26.05-py3",
          runtime["vllm_service_image"]),
-        ("group_vars/spark.yml", ["vllm_service_engines", 0, "model_path"], "/models/Qwen3-Next-80B-A3B-Instruct",
-         "/models/tiny-1g"),
+        ("group_vars/spark.yml", ["vllm_service_engines", 0, "model"], "Qwen/Qwen3-Next-80B-A3B-Instruct",
+         "lab/tiny-llama"),
+        # a stand-in: the Hub is not reachable here (lab/hub_standin.py on the Docker bridge)
+        ("group_vars/spark.yml", ["vllm_service_hub_endpoint"], None, ctx["hub"].endpoint),
         ("group_vars/spark.yml", ["vllm_service_engines", 0, "plan"],
          {"tensor_parallel_size": 2, "max_model_len": 65536, "max_num_seqs": 16}, plan),
         ("group_vars/spark.yml", ["vllm_service_engines", 0, "env"], None,
@@ -195,11 +217,34 @@ def _installed(node):
     return _docker("exec", node, "sh", "-c", "ls /etc/uma-vllm /etc/systemd/system/uma-vllm@.service", check=False)
 
 
+def _weights_asked(ctx):
+    """The stand-in's GETs of the model's files: (client address, file name)."""
+    return [(entry["client"], str(entry["path"]).rsplit("/", 1)[-1]) for entry in ctx["hub"].log
+            if entry["method"] == "GET" and "/resolve/" in str(entry["path"])]  # fmt: skip
+
+
 def step_check_run(ctx, command):
     step_shell(ctx, command)
     for node in ctx["nodes"].values():
         probe = _installed(node)
         assert probe.returncode != 0, "the check-mode run left files on %s: %s" % (node, probe.stdout)
+        models = _docker("exec", node, "ls", MODELS_DIR, check=False)
+        assert models.returncode != 0, "the check-mode run made %s on %s: %s" % (MODELS_DIR, node, models.stdout)
+    # the plan of the model not downloaded yet read its config.json (into memory), nothing else
+    assert {name for _client, name in _weights_asked(ctx)} == {"config.json"}, ctx["hub"].log
+
+
+def step_run(ctx, command):
+    ctx["hub"].log.clear()
+    step_shell(ctx, command)
+    asked = _weights_asked(ctx)
+    files = sorted(name for name in os.listdir(str(MODEL)) if not name.startswith("."))
+    # ai1 (rank 0) downloaded every file once; ai2 never asked the Hub: it copied them over the link
+    assert sorted(name for _client, name in asked) == files, asked
+    assert {client for client, _name in asked} == {ctx["addrs"]["ai1"]}, asked
+    script = "cd %s/lab/tiny-llama && sha256sum %s" % (MODELS_DIR, " ".join(files))
+    sums = [_docker("exec", node, "sh", "-c", script).stdout for node in ctx["nodes"].values()]
+    assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(files), sums
 
 
 def step_on_each_node(ctx, command):
@@ -224,6 +269,40 @@ def step_restore(ctx, command):
     assert _knobs() == ctx["knobs"], "the undo command left the kernel's vm.* values changed"
 
 
+def _ssh_owner(home, nodes, addrs):
+    """What a fresh DGX Spark has and the lab image lacks: sshd, and its owner's account, whose sudo asks
+    for a password; the owner's key in its authorized_keys and the nodes' host keys in known_hosts."""
+    ssh = home / ".ssh"
+    ssh.mkdir(mode=0o700)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh / "id_ed25519")], check=True)
+    public = (ssh / "id_ed25519.pub").read_text().strip()
+    script = (
+        "set -e; export DEBIAN_FRONTEND=noninteractive; "
+        "apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; "
+        "id {user} >/dev/null 2>&1 || useradd -m -s /bin/bash -G sudo {user}; "
+        "echo '{user}:{password}' | chpasswd; "
+        "install -d -m 0700 -o {user} -g {user} /home/{user}/.ssh; "
+        "echo '{key}' > /home/{user}/.ssh/authorized_keys; "
+        "chown {user}:{user} /home/{user}/.ssh/authorized_keys; chmod 0600 /home/{user}/.ssh/authorized_keys; "
+        "systemctl start ssh"
+    ).format(user=SSH_USER, password=SUDO_PASSWORD, key=public)
+    for host, node in nodes.items():
+        done = _docker("exec", node, "sh", "-c", script, check=False, timeout=600)
+        assert done.returncode == 0, "%s: sshd and the owner's account: %s" % (node, done.stdout + done.stderr)
+        sudoers = _docker("exec", node, "sh", "-c", "cat /etc/sudoers /etc/sudoers.d/* 2>/dev/null").stdout
+        assert "NOPASSWD" not in sudoers, sudoers  # sudo asks the password
+        for _attempt in range(50):
+            keys = subprocess.run(["ssh-keyscan", "-t", "ed25519", addrs[host]], capture_output=True, text=True,
+                                  check=False).stdout  # fmt: skip
+            if keys.strip():
+                break
+            time.sleep(0.2)
+        with open(ssh / "known_hosts", "a", encoding="ascii") as handle:
+            handle.write(keys)
+    asks = _docker("exec", "-u", SSH_USER, nodes["ai1"], "sudo", "-n", "true", check=False)
+    assert asks.returncode != 0 and "password" in asks.stderr, asks.stderr
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     reason = None
@@ -245,8 +324,10 @@ def lab(tmp_path_factory):
         assert not others, "volume %s is in use by %s: stop that lab first (lab/up.sh --down)" % (volume, others)
         _docker("rm", "-f", nodes[host], check=False)
     knobs = _knobs()
-    env = dict(os.environ, UMA_LAB_PREFIX=PREFIX, UMA_LAB_VOLUME_PREFIX=VOLUME_PREFIX, UMA_LAB_SETUP="0")
+    env = dict(os.environ, UMA_LAB_PREFIX=PREFIX, UMA_LAB_VOLUME_PREFIX=VOLUME_PREFIX, UMA_LAB_SETUP="0",
+               UMA_LAB_MODELS="0")  # fmt: skip
     started = time.monotonic()
+    hub = None
     up = subprocess.run(
         ["bash", str(ROOT / "lab" / "up.sh"), "--runtime", "container", "--nodes-only"],
         env=env, capture_output=True, text=True, timeout=1200, check=False,
@@ -264,19 +345,30 @@ def lab(tmp_path_factory):
             if source.is_file():
                 (checkout / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(source, checkout / name)
-        fd = os.open(str(home / "vault-pass"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(VAULT_PASSWORD + "\n")
+        for name, secret in (("vault-pass", VAULT_PASSWORD), ("become-pass", SUDO_PASSWORD)):
+            fd = os.open(str(home / name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret + "\n")
+        addrs = {host: _addr(name) for host, name in nodes.items()}
+        up_s, owner_started = time.monotonic() - started, time.monotonic()
+        _ssh_owner(home, nodes, addrs)
+        owner_s = time.monotonic() - owner_started
         # what a user's shell has: the control node's tools, no checkout on the Python path
         child = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
         child.update(HOME=str(home), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+        gateway = _docker("network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+        hub = hub_standin.serve({"lab/tiny-llama": str(MODEL)}, host=gateway)
         ctx = {
-            "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs,
-            "addrs": {host: _addr(name) for host, name in nodes.items()},
-            "timings": ["%6.1f s  lab/up.sh --runtime container --nodes-only" % (time.monotonic() - started)],
+            "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs, "hub": hub,
+            "addrs": addrs,
+            "timings": ["%6.1f s  lab/up.sh --runtime container --nodes-only" % up_s,
+                        "%6.1f s  sshd and the owner's sudo account on both nodes (what a Spark has)" % owner_s],
         }  # fmt: skip
         yield ctx
     finally:
+        if hub is not None:
+            hub.shutdown()
+            hub.server_close()
         for name in nodes.values():
             _docker("rm", "-f", name, check=False)
         for name, value in knobs.items():

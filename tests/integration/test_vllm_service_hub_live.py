@@ -26,6 +26,8 @@ import sys
 
 import pytest
 
+from ansible_collections.uma.vllm.plugins.module_utils.models import fetch as mf
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lab"))
 import hub_standin
@@ -282,6 +284,16 @@ def test_check_mode_on_a_fresh_node_plans_the_hub_model_and_writes_nothing(tmp_p
     assert "failed" not in plan.split("argv:")[0] and "argv: - vllm - serve - %s - " % dest in plan, plan[:3000]
     assert "- --served-model-name - lab/tiny-llama" in plan
     assert "env: UMA_MODEL_COMMIT: %s" % hub.repos[REPO].commit in plan
+    # and it says what the run will download
+    wanted = {name: meta for name, meta in hub.repos[REPO].files.items() if mf.matches(name, mf.DEFAULT_PATTERNS)}
+    said = "localhost / tiny: check mode: the run will download %d file(s), %d bytes of %s at commit %s into %s" % (
+        len(wanted),
+        sum(int(meta["size"]) for meta in wanted.values()),
+        REPO,
+        hub.repos[REPO].commit,
+        dest,
+    )
+    assert len(wanted) > 2 and said in out, out[-3000:]
     assert not any((tmp_path / d).exists() for d in ("models", "state", "etc", "systemd")), sorted(
         p.name for p in tmp_path.iterdir())  # fmt: skip
     fetched = [str(e["path"]) for e in hub.log if "/resolve/" in str(e["path"])]

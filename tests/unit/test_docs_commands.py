@@ -1,8 +1,9 @@
 """Every command a user copies from the README and the docs runs as the quick start's user runs it
 (issue 34 item 6): the installed collection's playbook from any directory (``uma.vllm.<playbook>``,
-one that exists), the inventory copied to ``~/sparks``, ``-u <ssh user>`` and ``--ask-vault-pass``
-(the quick start encrypts the vault; every play reads it). Commands against the lab's inventory
-(``-i inventories/lab``, no vault, reached as root) are the developers' and exempt."""
+one that exists), the inventory copied to ``~/sparks``, ``-u <ssh user>``, ``-K`` (a DGX OS user's sudo
+asks a password) and ``--ask-vault-pass`` (the quick start encrypts the vault; every play reads it).
+Commands against the lab's inventory (``-i inventories/lab``, no vault, reached as root) are the
+developers' and exempt."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ COMMAND = re.compile(
 )
 NEEDED = (("-i ~/sparks", "the inventory the quick start copies (-i ~/sparks)"),
           ("-u <ssh user>", "the SSH user (-u <ssh user>)"),
+          (" -K ", "the SSH user's sudo password (-K)"),
           ("--ask-vault-pass", "the vault's password (--ask-vault-pass)"))  # fmt: skip
 
 
@@ -38,7 +40,7 @@ def problems(text, name):
             if "inventories/lab" in command:
                 continue
             where = "%s:%d: %r" % (name, number, command)
-            out.extend("%s lacks %s" % (where, why) for flag, why in NEEDED if flag not in command)
+            out.extend("%s lacks %s" % (where, why) for flag, why in NEEDED if flag not in " %s " % command)
             if command.startswith("ansible-playbook"):
                 playbook = command.split()[1]
                 if not playbook.startswith("uma.vllm."):
@@ -61,7 +63,7 @@ def test_every_command_in_the_readme_and_the_docs_is_the_quick_starts_users():
     assert not bad, "\n".join(bad)
 
 
-GOOD = "ansible-playbook uma.vllm.status -i ~/sparks -u <ssh user> --ask-vault-pass"
+GOOD = "ansible-playbook uma.vllm.status -i ~/sparks -u <ssh user> -K --ask-vault-pass"
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,8 @@ GOOD = "ansible-playbook uma.vllm.status -i ~/sparks -u <ssh user> --ask-vault-p
         ("ansible-playbook uma.vllm.stats -i ~/sparks -u <ssh user> --ask-vault-pass", "'uma.vllm.stats' is not one"),
         ("ansible spark -i ~/sparks -m uma.vllm.rdma_facts --ask-vault-pass", "-u <ssh user>"),
         ("run `ansible-playbook uma.vllm.diagnose -l ai2` after", "--ask-vault-pass"),
+        ("ansible-playbook uma.vllm.status -i ~/sparks -u <ssh user> --ask-vault-pass", "sudo password (-K)"),
+        ("ansible-playbook uma.vllm.status -i ~/sparks -u <ssh user> -Kx --ask-vault-pass", "sudo password (-K)"),
     ],
 )
 def test_a_command_without_what_the_user_needs_fails_naming_it(line, named):
@@ -88,7 +92,8 @@ def test_a_command_without_what_the_user_needs_fails_naming_it(line, named):
         GOOD,
         "`%s --check --diff` shows the plan" % GOOD,
         "%s  # which engine, the last reason" % GOOD,
-        "ansible spark -i ~/sparks -u <ssh user> -m uma.vllm.rdma_facts -a 'x=1' --ask-vault-pass",
+        "ansible spark -i ~/sparks -u <ssh user> -K -m uma.vllm.rdma_facts -a 'x=1' --ask-vault-pass",
+        "ansible-playbook uma.vllm.status -i ~/sparks --ask-vault-pass -u <ssh user> -K",
         "then `ansible-playbook -i inventories/lab playbooks/status.yml` (the lab's nodes need no vault)",
         "the ansible-playbook that benchmarks run",  # prose, not a command
     ],

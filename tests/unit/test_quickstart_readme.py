@@ -42,7 +42,7 @@ def test_todays_readme_is_what_the_test_runs():
         ("4. Prove it serves", "4. Run `systemctl restart uma-vllm@qwen3-next`, then prove it serves",
          "systemctl restart"),
         # the undo command as it was before issue 21 (it cannot read the vault without a password)
-        ("restore -i ~/sparks -u <ssh user> --ask-vault-pass`\n", "restore -i ~/sparks`\n",
+        ("restore -i ~/sparks -u <ssh user> -K --ask-vault-pass`\n", "restore -i ~/sparks`\n",
          "uma.vllm.restore -i ~/sparks\n"),
     ],
 )  # fmt: skip
@@ -54,7 +54,7 @@ def test_a_changed_readme_fails_naming_the_command(old, new, named):
 
 
 def test_a_removed_or_moved_command_fails():
-    run = "   ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> --ask-vault-pass\n"
+    run = "   ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> -K --ask-vault-pass\n"
     check = run.replace("\n", " --check --diff\n")
     assert README.count(run) == 1 and README.count(check) == 1
     with pytest.raises(qs.QuickstartDrift, match="known to the test, not in the README: ansible-playbook"):
