@@ -8,7 +8,9 @@ the ``quickstart:begin``/``quickstart:end`` markers) and runs them in the README
 copy of this checkout, with HOME in a temporary directory (so ``~/sparks`` is a fresh copy of
 inventories/spark and the collection is installed from the tarball the README builds):
 
-1. ``ansible-galaxy collection build && ... install``, ``cp -r inventories/spark ~/sparks``: as written;
+1. ``ansible-galaxy collection build && ... install -p ~/.ansible/collections``, ``cp -r inventories/spark
+   ~/sparks`` in the checkout's copy, as written; then ``cd ~``: every later command runs from the home
+   directory, outside the checkout (no ansible.cfg: Ansible's defaults, no pipelining);
 2. the values table: ``LAB_INVENTORY`` below sets each value the README's table names (each one
    checked to hold the published example's value first), the vault file is made from
    ``vault.yml.example`` and ``ansible-vault encrypt``-ed with a password file;
@@ -86,8 +88,9 @@ MODELS_DIR = "/var/lib/uma-vllm/models"
 # The README's quick start, command by command, and what the test does with each (in this order).
 STEPS = [
     ("ansible-galaxy collection build && ansible-galaxy collection install uma-vllm-0.1.0.tar.gz"
-     "   # from this checkout", "shell"),
+     " -p ~/.ansible/collections", "shell"),
     ("cp -r inventories/spark ~/sparks", "shell"),
+    ("cd ~", "cd"),
     ("ansible-vault encrypt", "values_table"),
     ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> -K --ask-vault-pass --check --diff", "check_run"),
     ("ansible-playbook uma.vllm.site -i ~/sparks -u <ssh user> -K --ask-vault-pass", "run"),
@@ -170,7 +173,7 @@ def _set(doc, path, published, value, where):
 def _run(ctx, command, timeout=1800):
     started = time.monotonic()
     proc = subprocess.run(
-        ["bash", "-c", command], cwd=str(ctx["checkout"]), env=ctx["env"],
+        ["bash", "-c", command], cwd=str(ctx.get("cwd", ctx["checkout"])), env=ctx["env"],
         capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
     ctx["timings"].append("%6.1f s  %s" % (time.monotonic() - started, command[:110]))
@@ -192,6 +195,14 @@ def _lab_command(ctx, command):
 def step_shell(ctx, command):
     command = _lab_command(ctx, command)
     _must(_run(ctx, command), command)
+
+
+def step_cd(ctx, command):
+    """The README's commands after the install run from the home directory, outside the checkout (no
+    ansible.cfg there: Ansible's defaults, as on an owner's laptop)."""
+    assert command == "cd ~"
+    ctx["cwd"] = ctx["home"]
+    ctx["timings"].append("         cd ~ (the next commands run in %s)" % ctx["home"])
 
 
 def step_values_table(ctx, command):
@@ -386,7 +397,8 @@ def test_the_readme_quick_start_runs_as_written(lab):
             globals()["step_" + action](lab, command)
     finally:
         sys.stderr.write("\nquick start, step by step:\n" + "\n".join(lab["timings"]) + "\n")
-    # the runs used the collection the README installed from its tarball (a MANIFEST.json only an
-    # installed copy has) where the checkout's ansible.cfg puts it, the first collections_path
-    installed = lab["checkout"] / ".cache" / "collections" / "ansible_collections" / "uma" / "vllm"
+    # the runs (from the home directory) used the collection the README installed from its tarball (a
+    # MANIFEST.json only an installed copy has) in ~/.ansible/collections, where Ansible looks by default
+    installed = lab["home"] / ".ansible" / "collections" / "ansible_collections" / "uma" / "vllm"
     assert (installed / "MANIFEST.json").is_file() and not installed.is_symlink()
+    assert not (lab["home"] / "ansible.cfg").exists() and lab["cwd"] == lab["home"]
