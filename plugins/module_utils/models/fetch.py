@@ -18,6 +18,7 @@ it is never in argv, the environment of other processes, a result or a message.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
@@ -33,7 +34,6 @@ from ansible_collections.uma.vllm.plugins.module_utils.models.hub_http import (
     BuiltinHubClient,
     HubFile,
     Listing,
-    matches,
 )
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, atomic_write_json
 
@@ -262,6 +262,10 @@ def _local_size(dest: str, name: str) -> Optional[int]:
     return info.st_size
 
 
+def matches(name: str, patterns: List[str]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+
+
 def verify_files(dest: str, wanted: List[HubFile], manifest: Dict[str, Any]) -> List[str]:
     """Hash every safetensors file; a mismatch with the manifest or the Hub's LFS sha256 fails naming it."""
     checked = []
@@ -488,12 +492,16 @@ class HubRequestView:
         self.repo_id, self.revision, self.endpoint = repo_id, revision, endpoint
         self.token_file, self.token = token_file, token
 
+    @classmethod
+    def of(cls, request: Request) -> HubRequestView:
+        return cls(request.repo_id, request.revision, request.endpoint, request.token_file, request.token)
+
 
 def make_client(request: Request) -> Any:
     """The client ``request.client`` names: the built-in one (stdlib, nothing to install) or huggingface_hub."""
     if request.client == "huggingface_hub":
         return HubClient(request)
-    view = HubRequestView(request.repo_id, request.revision, request.endpoint, request.token_file, request.token)
+    view = HubRequestView.of(request)
 
     def problem(err: BaseException) -> BaseException:
         if isinstance(err, UmaError):
@@ -509,9 +517,7 @@ class HubClient:
     """The real Hugging Face Hub through the node's ``huggingface_hub`` (imported only here)."""
 
     def __init__(self, request: Request) -> None:
-        self.view = HubRequestView(
-            request.repo_id, request.revision, request.endpoint, request.token_file, request.token
-        )
+        self.view = HubRequestView.of(request)
         self.token: Any = request.token if request.token is not None else False
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

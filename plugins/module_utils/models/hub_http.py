@@ -24,7 +24,6 @@ refusals name the same option and fix whichever client ran.
 
 from __future__ import annotations
 
-import fnmatch
 import http.client
 import json
 import os
@@ -32,7 +31,6 @@ import re
 import shutil
 import socket
 import ssl
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -64,10 +62,6 @@ class Listing:
     commit: str
     files: List[HubFile]
     gated: bool = False
-
-
-def matches(name: str, patterns: List[str]) -> bool:
-    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 class HubHTTPError(Exception):
@@ -181,8 +175,6 @@ class BuiltinHubClient:
         self.opener = opener or default_opener()
         self.timeout, self.retries, self.pause, self.workers, self.sleep = timeout, retries, pause, workers, sleep
         self.origin = origin(self.endpoint)
-        self.requests = 0
-        self._lock = threading.Lock()
 
     # -- HTTP ---------------------------------------------------------------------------------
     def _open(self, url: str, headers: Optional[Dict[str, str]] = None) -> Any:
@@ -191,8 +183,6 @@ class BuiltinHubClient:
             request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, **(headers or {})})
             if self.token is not None and origin(url) == self.origin:
                 request.add_unredirected_header("Authorization", "Bearer %s" % self.token)
-            with self._lock:
-                self.requests += 1
             try:
                 return self.opener.open(request, timeout=self.timeout)
             except urllib.error.HTTPError as err:
@@ -255,12 +245,9 @@ class BuiltinHubClient:
         except Exception as err:  # pylint: disable=broad-except
             raise self.problem(err) from None
 
-    def download(
-        self, repo_id: str, commit: str, dest: str, patterns: List[str], files: Optional[List[HubFile]] = None
-    ) -> None:
-        """Every listed file that matches patterns and is not in dest with its listed size, resumably."""
-        if files is None:
-            files = [f for f in self.listing(repo_id, commit).files if matches(f.name, patterns)]
+    def download(self, repo_id: str, commit: str, dest: str, patterns: List[str], files: List[HubFile]) -> None:
+        """Every file of ``files`` (the plan's, already matched by patterns) not in dest at its listed size."""
+        del patterns  # fetch matched them when it planned
         todo = [f for f in files if _size(os.path.join(dest, f.name)) != f.size]
         try:
             if len(todo) <= 1 or self.workers <= 1:
@@ -331,12 +318,8 @@ def _size(path: str) -> Optional[int]:
 
 def _remove_empty(path: str, stop: str) -> None:
     """The staging directory once it holds nothing (a failed run leaves its .part files for the next)."""
-    if not os.path.isdir(path):
+    if not os.path.isdir(path) or any(names for _base, _dirs, names in os.walk(path)):
         return
-    for base, _dirs, names in os.walk(path):
-        if names:
-            return
-        del base
     shutil.rmtree(path, ignore_errors=True)
     parent = os.path.dirname(path)
     while parent != stop and parent.startswith(stop) and os.path.isdir(parent) and not os.listdir(parent):

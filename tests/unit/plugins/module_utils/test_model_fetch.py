@@ -36,9 +36,7 @@ class StandInHubClient:
     repos: Dict[str, Tuple[str, bool]] = {}
 
     def __init__(self, request: mf.Request) -> None:
-        self.view = mf.HubRequestView(
-            request.repo_id, request.revision, request.endpoint, request.token_file, request.token
-        )
+        self.view = mf.HubRequestView.of(request)
         self.downloads = 0
 
     @staticmethod
