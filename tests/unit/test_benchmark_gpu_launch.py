@@ -17,7 +17,8 @@ import pathlib
 
 import pytest
 
-from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import plan as _contract
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import admission as _admission
 from ansible_collections.uma.vllm.plugins.module_utils.plan import budget as budget_mod
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -66,8 +67,8 @@ def _engine_env(case):
 
 
 def test_the_cuda_context_left_free_covers_every_context_measured_on_the_cards():
-    assert budget_mod.CUDA_CONTEXT_BYTES == _launch_node.CUDA_CONTEXT_BYTES  # planner and launcher: one figure
-    assert budget_mod.CUDA_CONTEXT_EAGER_BYTES == _launch_node.CUDA_CONTEXT_EAGER_BYTES
+    # planner and launcher: one figure, the plan contract's
+    assert budget_mod.cuda_context_bytes is _contract.cuda_context_bytes
     lazy, eager = [], []
     for run in RUNS.values():
         ctx = run["context"]
@@ -85,15 +86,15 @@ def test_the_cuda_context_left_free_covers_every_context_measured_on_the_cards()
     # the earlier run on another H200 (benchmarks/gpu_memory_check.py)
     lazy.append(json.loads((H200 / "gpu_memory_check.json").read_text())["context"]["used_after_init"])
     assert len(lazy) >= 20 and len(eager) >= 6
-    assert max(lazy) <= budget_mod.CUDA_CONTEXT_BYTES, [c / MIB for c in lazy]
+    assert max(lazy) <= _contract.CUDA_CONTEXT_BYTES, [c / MIB for c in lazy]
     # and the figure refuted there stays refuted: 0.55 GiB left less than these cards' context
     assert max(lazy) > 0.55 * GIB
     # eager module loading: twice the lazy context, over what a lazy plan keeps, under the eager figure
-    assert budget_mod.CUDA_CONTEXT_BYTES < min(eager) and max(eager) <= budget_mod.CUDA_CONTEXT_EAGER_BYTES
-    assert budget_mod.cuda_context_bytes({"CUDA_MODULE_LOADING": "EAGER"})[0] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
-    assert budget_mod.cuda_context_bytes({"CUDA_MODULE_LOADING": "eager "})[0] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert _contract.CUDA_CONTEXT_BYTES < min(eager) and max(eager) <= _contract.CUDA_CONTEXT_EAGER_BYTES
+    assert _contract.cuda_context_bytes({"CUDA_MODULE_LOADING": "EAGER"})[0] == _contract.CUDA_CONTEXT_EAGER_BYTES
+    assert _contract.cuda_context_bytes({"CUDA_MODULE_LOADING": "eager "})[0] == _contract.CUDA_CONTEXT_EAGER_BYTES
     for env in ({}, {"CUDA_MODULE_LOADING": "LAZY"}, {"CUDA_MODULE_LOADING": ""}):
-        assert budget_mod.cuda_context_bytes(env)[0] == budget_mod.CUDA_CONTEXT_BYTES
+        assert _contract.cuda_context_bytes(env)[0] == _contract.CUDA_CONTEXT_BYTES
 
 
 def test_a_second_process_sees_the_first_ones_context_taken():
@@ -139,13 +140,13 @@ def test_the_gpu_admission_replayed_on_the_recorded_cards_decides_as_it_did(run,
     case = _cases(run)[name]
     adm = case["admission"]
     budget = RUNS[run]["plans"][PLAN_OF[name]]["budget"]
-    need, source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": _engine_env(case)})
+    need, source = _admission.gpu_need({"plan": budget, "admission_request_bytes": None, "env": _engine_env(case)})
     admitted = all(gpu["free_bytes"] >= need for gpu in adm["gpus"])
     if name == "edge-new-eager":
         # today the launcher adds the eager context the engine's env asks for and refuses the lazy plan before any
         # weight is read; the first H100 run (the launcher before that) admitted it on the plan's lazy context and
         # the engine's own check failed (exit 1); the run after did what today's code does (exit 75)
-        assert need == budget["requested_memory_bytes"] + _launch_node.CUDA_CONTEXT_EAGER_BYTES
+        assert need == budget["requested_memory_bytes"] + _contract.CUDA_CONTEXT_EAGER_BYTES
         assert "CUDA_MODULE_LOADING=EAGER" in source and admitted is False
         if run == "h100":
             assert adm["admitted"] is True and case["exit_code"] == 1
@@ -181,20 +182,20 @@ def test_the_old_edge_plan_and_the_new_default(run):
     assert plans["old_edge"]["gmu"] == (0.995 if run in H100_RUNS else 0.998)
     assert not plans["new_same_kv"]["ok"] and "reserve 0.75" in plans["new_same_kv"]["refused"]
     new = plans["new_edge"]["budget"]
-    assert new["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
-    assert new["total_memory_bytes"] - new["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
+    assert new["reserve_bytes"] == _contract.CUDA_CONTEXT_BYTES
+    assert new["total_memory_bytes"] - new["requested_memory_bytes"] >= _contract.CUDA_CONTEXT_BYTES
 
 
 @pytest.mark.parametrize("run", H100_RUNS)
 def test_the_eager_plan_keeps_the_eager_context(run):
     plans = RUNS[run]["plans"]
     eager = plans["eager_edge"]["budget"]
-    assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == _contract.CUDA_CONTEXT_EAGER_BYTES
     assert "CUDA_MODULE_LOADING=EAGER" in eager["reserve_source"]
-    assert eager["total_memory_bytes"] - eager["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert eager["total_memory_bytes"] - eager["requested_memory_bytes"] >= _contract.CUDA_CONTEXT_EAGER_BYTES
     # the lazy plan left less than the eager context free: why edge-new-eager failed
     lazy = plans["new_edge"]["budget"]
-    assert lazy["total_memory_bytes"] - lazy["requested_memory_bytes"] < budget_mod.CUDA_CONTEXT_EAGER_BYTES
+    assert lazy["total_memory_bytes"] - lazy["requested_memory_bytes"] < _contract.CUDA_CONTEXT_EAGER_BYTES
 
 
 # --release 30 --only-release on a third H200 machine and another H100: another process holds all but
@@ -239,7 +240,7 @@ def test_the_gpu_admission_waits_for_a_stopping_engines_memory_and_the_engine_se
     case = _release(run, "release-gpu")
     adm = case["admission"]
     budget = RELEASE[run]["plans"]["launch"]["budget"]
-    need, _source = _launch_node.gpu_need({"plan": budget, "admission_request_bytes": None, "env": {}})
+    need, _source = _admission.gpu_need({"plan": budget, "admission_request_bytes": None, "env": {}})
     assert adm["need_bytes"] == need == budget["requested_memory_bytes"] + budget["cuda_context_bytes"]
     # held at the start (free with the hog < need), admitted once it was let go: the wait is the hold
     assert case["hog"]["free_mib_with_hog"] * MIB < need

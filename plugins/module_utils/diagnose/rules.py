@@ -260,7 +260,7 @@ def rule_admission_refused(f: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 
 def _gpu_admission_refused(launch: Dict[str, Any], adm: Dict[str, Any], need: int, short: int) -> Dict[str, Any]:
-    """admission_refused on a discrete GPU (_launch_node.admit_gpu): the GPU's free memory, not MemAvailable."""
+    """admission_refused on a discrete GPU (node/launch/admission.py): the GPU's free memory, not MemAvailable."""
     gpus = [g for g in adm.get("gpus") or [] if isinstance(g, dict)]
     gpu = next((g for g in gpus if g.get("index") == adm.get("short_gpu")), gpus[0] if gpus else {})
     index = gpu.get("index", adm.get("short_gpu", "?"))

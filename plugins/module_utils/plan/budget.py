@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.plan import StartPlan, cuda_context_bytes
 from ansible_collections.uma.vllm.plugins.module_utils.plan import versions
 from ansible_collections.uma.vllm.plugins.module_utils.plan.context import (
     GIB,
@@ -66,27 +67,6 @@ def sampler_bytes_per_element(version: versions.Version) -> int:
 # delta): logged 1.79 GiB at TP 1 and 3.58 GiB at TP 2 (PR #10511, H100) -> 1.8 GiB x TP.
 NON_TORCH_PER_TP = GIB * 15 // 100
 NON_TORCH_PER_TP_V06 = GIB * 18 // 10
-
-# A discrete GPU's CUDA context: the process's first CUDA call takes it from the card's free memory
-# before vLLM's startup snapshot (free must be >= total x gpu_memory_utilization): 523.6 MiB and
-# 619-620 MiB measured on NVIDIA H200 machines and 620 MiB on an H100, driver 580.159.04, torch 2.11.0+cu130
-# (docs/BENCHMARKS.md; 0.55 GiB was refuted there by benchmarks/gpu_launch_check.py: the check failed by
-# 46 MiB) -> 0.75 GiB, the default reserve_gib on a discrete GPU; the launcher's GPU admission adds the
-# same figure.
-CUDA_CONTEXT_BYTES = GIB * 3 // 4
-# With CUDA_MODULE_LOADING=EAGER in the engine's environment every kernel of every loaded CUDA library is
-# loaded at the first CUDA call: 1258-1260 MiB per process (two processes, one after the other) on an H200
-# and an H100 that gave 618-620 MiB lazily (benchmarks/gpu_launch_check.py --contexts; PyTorch's own
-# kernels only: vLLM's kernel libraries were not measured and add more) -> 1.5 GiB.
-CUDA_CONTEXT_EAGER_BYTES = GIB * 3 // 2
-
-
-def cuda_context_bytes(env: Dict[str, str]) -> Tuple[int, str]:
-    """The CUDA context a discrete GPU's engine takes before vLLM's startup snapshot, and why."""
-    loading = str(env.get("CUDA_MODULE_LOADING", "")).strip().upper()
-    if loading == "EAGER":
-        return CUDA_CONTEXT_EAGER_BYTES, "the CUDA context with env CUDA_MODULE_LOADING=EAGER"
-    return CUDA_CONTEXT_BYTES, "the CUDA context vLLM's startup check is taken after"
 
 
 def activation_reserve(desc: Dict[str, Any], ctx: PlanContext) -> Dict[str, int]:
@@ -497,4 +477,6 @@ def final_budget(
             "pp_layers": [len(s) for s in layout.stages],
         }
     )
+    # the emitting side of the plan contract: what the node will read is checked before it leaves
+    StartPlan.read(budget)
     return budget

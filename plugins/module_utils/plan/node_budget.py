@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Every engine of a node budgeted together (issue 14 item 3).
 
-Each engine is planned by ``_vllm_plan.plan`` on its own; this puts the plans of one
+Each engine is planned by ``plan/planner.py`` on its own; this puts the plans of one
 node side by side. On unified memory the engines share the node's memory, and the
 launch lock lets them load in any order, so each engine's start must pass vLLM's
 startup check with every other engine already loaded::
@@ -13,8 +13,9 @@ startup check with every other engine already loaded::
 
 with ``start request = ranks on the node x ceil(total x gpu_memory_utilization)``,
 ``footprint = ranks on the node x (weights + activation reserve + KV cache) per rank``
-and the expected MemAvailable from ``_memavail`` (what the plans carry as
-``expected_available_bytes``; ``total - reserve`` when a plan has none). When a set does
+(both the plan contract's, ``node/base/plan.py`` ``StartPlan``: the launcher's host admission asks the
+node for the same start request) and the node's room, ``total - reserve`` of the plans (a derived reserve
+makes it the expected MemAvailable at start, ``node/base/memavail.py``). When a set does
 not fit, shrinking the largest engine by the largest shortfall makes every start fit:
 that engine and that amount are named.
 
@@ -23,47 +24,34 @@ Pure stdlib; imports under Python 3.8.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.plan import StartPlan
 
 GIB = float(1 << 30)
 
 
-def _int(budget: Dict[str, Any], key: str) -> Optional[int]:
-    value = budget.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value)
-
-
-def engine_row(name: str, budget: Dict[str, Any]) -> Dict[str, Any]:
-    """What one engine's plan takes from the node."""
-    ranks = _int(budget, "ranks_per_node") or 1
-    per_rank = sum(
-        _int(budget, key) or 0 for key in ("weights_per_rank_bytes", "activation_reserve_bytes", "kv_cache_bytes")
-    )
-    footprint = ranks * per_rank
-    request = _int(budget, "requested_memory_bytes")
-    start = ranks * request if request is not None else footprint
+def engine_row(name: str, plan: StartPlan) -> Dict[str, Any]:
+    """What one engine's plan takes from the node (the plan contract's footprint and start request)."""
+    ranks = plan.ranks
     return {
         "engine": name,
         "ranks": ranks,
-        "weights_bytes": ranks * (_int(budget, "weights_per_rank_bytes") or 0),
-        "activation_bytes": ranks * (_int(budget, "activation_reserve_bytes") or 0),
-        "kv_cache_bytes": ranks * (_int(budget, "kv_cache_bytes") or 0),
-        "footprint_bytes": footprint,
-        "start_request_bytes": max(start, footprint),
+        "weights_bytes": ranks * (plan.weights_per_rank_bytes or 0),
+        "activation_bytes": ranks * (plan.activation_reserve_bytes or 0),
+        "kv_cache_bytes": ranks * (plan.kv_cache_bytes or 0),
+        "footprint_bytes": plan.footprint_bytes(),
+        "start_request_bytes": plan.start_request_bytes(),
     }
 
 
-def node_available(budgets: List[Dict[str, Any]]) -> Dict[str, Any]:
+def node_available(plans: List[StartPlan]) -> Dict[str, Any]:
     """What the engines may use together: total - reserve of the plans (the smallest if they
     differ). A derived reserve makes that the expected MemAvailable at start (_memavail);
     a given reserve_gib is the operator's word."""
-    room = [
-        (int(b["total_memory_bytes"]) - (_int(b, "reserve_bytes") or 0), str(b.get("reserve_source") or ""))
-        for b in budgets
-        if _int(b, "total_memory_bytes") is not None
-    ]
+    room = [(p.total_memory_bytes - (p.reserve_bytes or 0), p.reserve_source) for p in plans
+            if p.total_memory_bytes is not None]  # fmt: skip
     if not room:
         return {"available_bytes": None, "source": "no total_memory_gib in the plans"}
     available, source = min(room)
@@ -74,13 +62,21 @@ def node_available(budgets: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def plan_node(host: str, engines: List[Dict[str, Any]]) -> Dict[str, Any]:
     """``engines``: [{"name", "budget", "started"}]. Returns rows, the node's numbers,
-    ``errors`` (empty when the set fits) and a table for people."""
-    started = [e for e in engines if e.get("started", True) and isinstance(e.get("budget"), dict)]
-    rows = [engine_row(e["name"], e["budget"]) for e in started]
-    node = node_available([e["budget"] for e in started])
-    total = max((_int(e["budget"], "total_memory_bytes") or 0 for e in started), default=0) or None
-    available = node["available_bytes"]
+    ``errors`` (empty when the set fits; a budget outside the plan contract is one, naming the engine)
+    and a table for people."""
     errors: List[str] = []
+    plans: List[Tuple[str, StartPlan]] = []
+    for engine in engines:
+        if not engine.get("started", True) or not isinstance(engine.get("budget"), dict):
+            continue
+        try:
+            plans.append((engine["name"], StartPlan.read(engine["budget"])))
+        except UmaError as err:
+            errors.append("%s: engine %s: its plan %s" % (host, engine["name"], err.message))
+    rows = [engine_row(name, plan) for name, plan in plans]
+    node = node_available([plan for _name, plan in plans])
+    total = max((plan.total_memory_bytes or 0 for _name, plan in plans), default=0) or None
+    available = node["available_bytes"]
     worst = None
     if available is not None:
         all_footprints = sum(r["footprint_bytes"] for r in rows)

@@ -38,6 +38,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.base import (
     memavail,
     metrics,
     paths,
+    plan,
     stopper,
     systemd,
 )
@@ -63,6 +64,9 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.guard import (
 )
 from ansible_collections.uma.vllm.plugins.module_utils.node.guard import (
     watch as guard_watch,
+)
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import (
+    admission as launch_admission,
 )
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import (
     config as launch_config,
@@ -97,6 +101,7 @@ NODE_MODULES = (
     memavail,
     metrics,
     paths,
+    plan,
     stopper,
     systemd,
     cluster,
@@ -111,6 +116,7 @@ NODE_MODULES = (
     guard_sweeper,
     guard_watch,
     launch,
+    launch_admission,
     launch_config,
     launch_node,
     launch_program,

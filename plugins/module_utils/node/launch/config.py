@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..base import checks as _checks
 from ..base import paths as _paths
 from ..base.common import UmaError
+from ..base.plan import StartPlan
 from ..cluster import ranks as _ranks
 from ..guard import config as _guard_config
 
@@ -62,7 +63,7 @@ DEFAULTS: Dict[str, Any] = {
     # the guard would spend its CPU reading itself back (docs/VM-LAB.md: 15.7 s vs 28.0 s to healthy)
     "guard_lock_memory": True,
     # MiB of MemFree below which the guard evicts the load's cache; auto: the engine's startup request
-    # on a unified-memory node (_launch_node.guard_free_line), 0: at every 16 MiB of growth (as before)
+    # on a unified-memory node (admission.guard_free_line), 0: at every 16 MiB of growth (as before)
     "guard_act_below_free_mib": "auto",
     "readahead_kb": None,  # None: no window (the benchmark found it not worth its cost)
     "state_dir": _paths.STATE_DIR,
@@ -118,7 +119,7 @@ _DURATIONS = (
 _BOOLEANS = ("evict_after_healthy", "guard", "guard_lock_memory", "watch_ranks", "admission")
 _PATHS = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root")
 READAHEAD_MAX_KB = 4294967295  # the kernel's ceiling for read_ahead_kb (_blockdev.KERNEL_MAX_KB)
-ADMISSION_MEMORY = ("auto", "host", "gpu")  # what admission compares (uma_launch.py admit, _launch_node.admit_gpu)
+ADMISSION_MEMORY = ("auto", "host", "gpu")  # what admission compares (node/launch/admission.py)
 MAX_REQUEST_BYTES = 1 << 50  # 1 PiB: far above any node's memory, far below a float's precision
 
 
@@ -147,42 +148,11 @@ def validate(config: Dict[str, Any]) -> Dict[str, Any]:
             "Give model_path or drop readahead_kb.",
         )  # fmt: skip
     _check_env(config.get("env"))
-    check_plan(config.get("plan"))
+    # the plan contract (node/base/plan.py), read once here: a damaged or hand-made plan is refused naming its key
+    config["_plan"] = StartPlan.read(config.get("plan"))
     config["cluster"] = _ranks.validate_cluster(config.get("cluster"))
     config["_identity"] = engine_identity(config)
     return config
-
-
-# The plan's numbers the launcher reads (admission, the guard's line): checked where the config is read,
-# so a damaged or hand-made plan is refused with its key, never an overflow later (1e308 bytes) nor a
-# silent "no request" that admits unchecked.
-PLAN_MAX_BYTES = 1 << 50  # 1 PiB: no node comes near it
-PLAN_MAX_COUNT = 1024
-PLAN_BYTES = ("requested_memory_bytes", "cuda_context_bytes")
-PLAN_COUNTS = ("ranks_per_node", "gpus_per_node")
-PLAN_FIX = "Write the plan uma.vllm.vllm_flags makes (a site.yml run does), or drop the key; nothing was started."
-
-
-def check_plan(plan: Any) -> None:
-    """The plan (uma.vllm.vllm_flags' budget) as the launcher reads it: a mapping or null; each number it
-    uses null or in range (bytes 0..1 PiB, counts 1..1024), unified_memory a boolean or null."""
-    if plan is None:
-        return
-    if not isinstance(plan, dict):
-        raise UmaError("plan", plan, "is not a mapping", "Give the plan of uma.vllm.vllm_flags, or null.")
-    for key in PLAN_BYTES:
-        value = plan.get(key)
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if value is not None and not (number and math.isfinite(value) and 0 <= value <= PLAN_MAX_BYTES):
-            raise UmaError("plan." + key, value, "is not a number of bytes from 0 to 1 PiB", PLAN_FIX)
-    for key in PLAN_COUNTS:
-        value = plan.get(key)
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PLAN_MAX_COUNT
-        ):
-            raise UmaError("plan." + key, value, "is not a whole number from 1 to %d" % PLAN_MAX_COUNT, PLAN_FIX)
-    if plan.get("unified_memory") not in (None, True, False):
-        raise UmaError("plan.unified_memory", plan["unified_memory"], "is not true, false or null", PLAN_FIX)
 
 
 def _check_node_fields(config: Dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ In order, each step logged with its timing:
    cache (``pre_evict: drop``, the published behaviour);
    then admission: ``MemAvailable`` must cover the plan's startup request (``plan.requested_memory_bytes``
    x ranks on the node: what vLLM's startup check will ask for; on a discrete GPU, ``admission_memory`` gpu
-   or the plan's ``unified_memory: false``, each GPU's free memory in nvidia-smi: ``_launch_node.admit_gpu``);
+   or the plan's ``unified_memory: false``, each GPU's free memory in nvidia-smi: ``node/launch/admission.py``);
    short, the model's files are evicted again and the launcher waits up to ``admission_wait_s`` for memory
    a stopping engine or another load still holds; still short, it refuses with the numbers (exit 75,
    ``admission`` in launch.json) before any weight is read;
@@ -53,7 +53,8 @@ This file is the launch itself (``Launch``: the steps above, the clean-up) and `
 Its other parts are node-side files of their own, shipped with it into the node's lib_dir:
 
 - ``node/launch/config.py`` exit codes, defaults, the command line, load_config and the validator
-- ``node/launch/node.py``   the log, the launch lock, model files and eviction, child set-up, the GPU admission
+- ``node/launch/node.py``   the log, the launch lock, model files and eviction, child set-up
+- ``node/launch/admission.py`` the memory admission (host MemAvailable or each GPU's free memory) and the guard's line
 
 The names other code uses (``validate``, ``merge_config``, ``Log``, ``LaunchLock``,
 ``DEFAULTS``, the ``EXIT_*`` codes) stay importable from ``uma_launch``.
@@ -71,10 +72,10 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..base import blockdev as _blockdev
-from ..base.common import UmaError, node_write_json, read_meminfo, read_state
+from ..base.common import UmaError, node_write_json, read_state
 from ..cluster import ranks as _ranks
 from ..guard import watch as _guard_watch
-from . import node as _launch_node
+from . import admission as _admission
 from .config import (
     DEFAULTS,
     EXIT_ADMISSION,
@@ -120,7 +121,6 @@ GUARD_READY_TIMEOUT_S = 10.0
 PEER_EXPLAINS_S = 2.0
 SERVE_POLL_S = 0.25  # a stop signal reaches the peers within this
 RANKS_LOOK_AGAIN_S = (2.0, 60.0)  # while no rank process was found to watch: look again after 2 s, 4 s ... 60 s
-GIB_F = float(1 << 30)
 KV_MARKERS = re.compile(
     r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
     r"Maximum concurrency for",
@@ -208,92 +208,9 @@ class Launch:
         else:
             self.log.step("pre-evict", duration=time.monotonic() - started, mode="none")
 
-    def admission_need(self) -> Tuple[Optional[int], str]:
-        """Host mode: bytes the start needs free, and from what: admission_request_bytes, else the plan's startup
-        request (what vLLM's check compares with MemAvailable: ceil(total x gmu)) for every rank on the node."""
-        given = self.config.get("admission_request_bytes")
-        if given:
-            return int(given), "admission_request_bytes"
-        plan = self.config.get("plan") or {}
-        request = _launch_node.positive_number(plan.get("requested_memory_bytes")) if isinstance(plan, dict) else None
-        if request is not None:
-            ranks = _launch_node.positive_int(plan.get("ranks_per_node")) or 1
-            return request * ranks, "plan requested_memory_bytes x %d rank(s)" % ranks
-        return None, "no startup request in the plan"
-
-    def mem_available(self) -> int:
-        """MemAvailable of the node (proc_root/meminfo); a node where it cannot be read is refused, naming the file."""
-        proc_root = self.config["proc_root"]
-        path = os.path.join(proc_root, "meminfo")
-        try:
-            meminfo = read_meminfo(proc_root)
-        except OSError as err:
-            raise UmaError(
-                "proc_root", proc_root, "%s cannot be read for the admission (%s)" % (path, err.strerror or err),
-                "Point proc_root at the node's /proc (the default), or set admission false; nothing was started.",
-            ) from None  # fmt: skip
-        if "MemAvailable" not in meminfo:
-            raise UmaError(
-                "proc_root", proc_root, "%s has no 'MemAvailable: <number> kB' line, the figure the admission "
-                "compares (a kernel before 3.14, or not the kernel's file)" % path,
-                "Run on a kernel that reports MemAvailable, or set admission false; nothing was started.",
-            )  # fmt: skip
-        return int(meminfo["MemAvailable"])
-
     def admit(self, sleep: Callable[[float], None] = time.sleep) -> bool:
-        """Before the engine starts (gpu mode: _launch_node.admit_gpu): MemAvailable must cover the plan's startup
-        request. Short: evict the model's files again, wait (bounded) for it; still short: refuse with the numbers."""
-        if _launch_node.admission_memory(self.config)[0] == "gpu":
-            return _launch_node.admit_gpu(self, sleep)
-        started = time.monotonic()
-        need, source = self.admission_need()
-        if not self.config["admission"] or need is None:
-            self.log.step("admission", checked=False, reason="off" if not self.config["admission"] else source)
-            return True
-        available = self.mem_available()
-        first = available
-        evicted = 0
-        waited = 0.0
-        if available < need and self.files():
-            evicted = evict_files(self.files())
-            available = self.mem_available()
-        deadline = started + float(self.config["admission_wait_s"])
-        said = started
-        while available < need and time.monotonic() < deadline and self.stop_signal is None:
-            if time.monotonic() - said >= 10.0:
-                said = time.monotonic()
-                self.log.line(
-                    "admission: MemAvailable %.2f GiB < startup request %.2f GiB; waiting up to %ss"
-                    % (available / GIB_F, need / GIB_F, _fmt(self.config["admission_wait_s"]))
-                )
-            sleep(min(1.0, max(0.05, deadline - time.monotonic())))
-            available = self.mem_available()
-        waited = time.monotonic() - started
-        admission = {
-            "memory": "host",
-            "need_bytes": need,
-            "need_source": source,
-            "mem_available_bytes": available,
-            "mem_available_first_bytes": first,
-            "short_bytes": max(0, need - available),
-            "evicted_bytes": evicted,
-            "waited_s": round(waited, 3),
-            "admitted": available >= need,
-        }
-        self.record["admission"] = admission
-        if available >= need:
-            self.log.step("admission", duration=waited, mem_available=available, need=need, waited=round(waited, 3))
-            return True
-        reason = (
-            "MemAvailable %.2f GiB is below the plan's startup request %.2f GiB (%s): short by %.2f GiB after "
-            "evicting the model's cache and waiting %.0f s. Fix: free %.2f GiB on the node (stop another engine "
-            "or process), or re-plan with less memory (uma.vllm.vllm_flags: lower max_model_len / max_num_seqs, "
-            "a larger reserve_gib)"
-            % (available / GIB_F, need / GIB_F, source, (need - available) / GIB_F, waited, (need - available) / GIB_F)
-        )
-        admission["reason"] = reason
-        self.log.step("admission-refused", duration=waited, mem_available=available, need=need, reason=reason)
-        return False
+        """Before the engine starts: the memory admission (node/launch/admission.py), host or GPU."""
+        return _admission.admit(self, sleep)
 
     def open_readahead(self) -> None:
         kb = self.config.get("readahead_kb")
@@ -354,7 +271,7 @@ class Launch:
             argv.append("--lock-memory")
         free_line, why = 0, "mode %s has no line" % mode
         if mode == "adaptive":
-            free_line, why = _launch_node.guard_free_line(self.config, self.admission_need()[0])
+            free_line, why = _admission.guard_free_line(self.config, _admission.host_need(self.config)[0])
             argv += ["--act-below-free-mib", str(free_line)]
         os.makedirs(self.record_dir, exist_ok=True)
         started = time.monotonic()

@@ -52,7 +52,7 @@ def test_a_missing_part_fails_on_the_node(tmp_path):
     os.unlink(str(lib / "uma_vllm_node" / "launch" / "node.py"))
     proc = run_flat(lib, "--help")
     assert proc.returncode != 0
-    assert "cannot import name 'node' from 'uma_vllm_node.launch'" in proc.stderr
+    assert "No module named 'uma_vllm_node.launch.node'" in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize(
@@ -85,13 +85,14 @@ def test_a_plan_out_of_range_is_refused_by_the_installed_launcher(tmp_path, plan
 
 @pytest.mark.parametrize("value", [1e308, -1, float("nan"), float("inf"), True, "12", [1], 1 << 51])
 def test_the_plan_check_names_the_key_the_value_and_the_range(value):
-    """The plan's requested_memory_bytes as check_plan sees it (NaN and Infinity never pass the JSON loader;
+    """The plan's requested_memory_bytes as the plan contract reads it (node/base/plan.py StartPlan.read;
+    NaN and Infinity never pass the JSON loader;
     the check refuses them too): the key, the value and the valid range in one message."""
     from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
-    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as launch_config
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.plan import StartPlan
 
     with pytest.raises(UmaError) as err:
-        launch_config.check_plan({"requested_memory_bytes": value})
+        StartPlan.read({"requested_memory_bytes": value})
     assert err.value.message.startswith("option 'plan.requested_memory_bytes' = ")
     assert "is not a number of bytes from 0 to 1 PiB" in err.value.message
     assert "nothing was started" in err.value.message
@@ -99,7 +100,7 @@ def test_the_plan_check_names_the_key_the_value_and_the_range(value):
 
 def test_the_planners_own_plan_passes_the_launchers_check():
     """What uma.vllm.vllm_flags emits is what the launcher accepts (the two sides of the wire agree)."""
-    from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as launch_config
+    from ansible_collections.uma.vllm.plugins.module_utils.node.base.plan import StartPlan
     from ansible_collections.uma.vllm.plugins.module_utils.plan import planner
 
     config = json.loads(
@@ -110,7 +111,7 @@ def test_the_planners_own_plan_passes_the_launchers_check():
     for unified in (True, False):
         plan = planner.plan({"model_config": config, "model": "m", "weights_bytes": 8 << 30, "total_memory_gib": 119.7,
                              "max_model_len": 8192, "unified_memory": unified})  # fmt: skip
-        launch_config.check_plan(plan["budget"])
+        assert StartPlan.read(plan["budget"]).request == plan["budget"]["requested_memory_bytes"]
 
 
 @pytest.mark.parametrize("meminfo", [None, "MemTotal: 1024 kB\nMemFree: 512 kB\n"], ids=["missing", "no-MemAvailable"])

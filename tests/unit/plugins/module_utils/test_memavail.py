@@ -12,8 +12,8 @@ import pathlib
 import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base import memavail as ma
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import plan as _contract
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils.plan import budget as budget_mod
 from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 from ansible_collections.uma.vllm.plugins.module_utils.system import sysctl as _sysctl
 
@@ -150,9 +150,9 @@ def test_a_covering_reserve_says_so():
 def test_discrete_plans_reserve_the_cuda_context_and_unsized_plans_zero():
     # a discrete card: vLLM's startup check runs after the CUDA context took its share of the card
     budget = _plan(total_memory_gib=79.18, unified_memory=False)["budget"]
-    assert budget["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES == int(0.75 * GIB)
+    assert budget["reserve_bytes"] == _contract.CUDA_CONTEXT_BYTES == int(0.75 * GIB)
     assert budget["reserve_source"].startswith("derived: the CUDA context")
-    assert budget["unified_memory"] is False and budget["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    assert budget["unified_memory"] is False and budget["cuda_context_bytes"] == _contract.CUDA_CONTEXT_BYTES
     assert budget["gpus_per_node"] == 1
     # a given reserve is the user's (0 included)
     assert _plan(total_memory_gib=79.18, unified_memory=False, reserve_gib=0)["budget"]["reserve_bytes"] == 0
@@ -168,13 +168,13 @@ def test_eager_module_loading_keeps_the_larger_context():
     for value in ("EAGER", "eager", " Eager "):
         eager = _plan(total_memory_gib=79.18, unified_memory=False, kv_cache_memory_bytes=8 * GIB,
                       env={"CUDA_MODULE_LOADING": value})["budget"]  # fmt: skip
-        assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_EAGER_BYTES
+        assert eager["reserve_bytes"] == eager["cuda_context_bytes"] == _contract.CUDA_CONTEXT_EAGER_BYTES
         assert eager["reserve_source"] == "derived: the CUDA context with env CUDA_MODULE_LOADING=EAGER (1.50 GiB)"
         # the same KV cache and gmu's request: only what is kept free differs
         assert eager["requested_memory_bytes"] == lazy["requested_memory_bytes"]
-    assert lazy["reserve_bytes"] == lazy["cuda_context_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    assert lazy["reserve_bytes"] == lazy["cuda_context_bytes"] == _contract.CUDA_CONTEXT_BYTES
     lazy_env = _plan(total_memory_gib=79.18, unified_memory=False, env={"CUDA_MODULE_LOADING": "LAZY"})["budget"]
-    assert lazy_env["reserve_bytes"] == budget_mod.CUDA_CONTEXT_BYTES
+    assert lazy_env["reserve_bytes"] == _contract.CUDA_CONTEXT_BYTES
     # the largest KV a lazy plan takes is refused with eager loading (the room is 0.75 GiB smaller)
     with pytest.raises(plan_mod.PlanRefused) as err:
         room = None
@@ -209,7 +209,7 @@ def test_a_discrete_plan_leaves_the_cuda_context_free():
     room = err.value.details["kv_room_bytes"]
     assert room < kv and _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=room)["budget"]
     fits = _plan(total_memory_gib=139.80, unified_memory=False, kv_cache_memory_bytes=kv - int(0.4 * GIB))["budget"]
-    assert fits["total_memory_bytes"] - fits["requested_memory_bytes"] >= budget_mod.CUDA_CONTEXT_BYTES
+    assert fits["total_memory_bytes"] - fits["requested_memory_bytes"] >= _contract.CUDA_CONTEXT_BYTES
 
 
 def test_a_given_baseline_counts_in_the_floor():

@@ -8,6 +8,7 @@ import json
 import pathlib
 
 from ansible_collections.uma.vllm.plugins.filter.node_budget import node_budget
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.plan import StartPlan
 from ansible_collections.uma.vllm.plugins.module_utils.plan import planner as plan_mod
 from ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget import engine_row, plan_node
 
@@ -69,7 +70,7 @@ def test_each_alone_fits_but_three_do_not():
 
 def test_stopped_engines_and_ranks():
     two_ranks = llama(max_num_seqs=8, tensor_parallel_size=2)
-    row = engine_row("tp2", two_ranks)
+    row = engine_row("tp2", StartPlan.read(two_ranks))
     assert row["ranks"] == 2 and row["footprint_bytes"] == 2 * (
         two_ranks["weights_per_rank_bytes"] + two_ranks["activation_reserve_bytes"] + two_ranks["kv_cache_bytes"]
     )

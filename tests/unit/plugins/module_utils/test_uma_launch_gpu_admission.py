@@ -1,6 +1,6 @@
 # Copyright: uma.vllm developers
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The launcher's admission on a discrete GPU (admission_memory gpu, _launch_node.admit_gpu).
+"""The launcher's admission on a discrete GPU (admission_memory gpu, node/launch/admission.py admit_gpu).
 
 No GPU exists on this machine or in CI: every test puts a FAKE ``nvidia-smi`` (a shell script
 in tmp_path) first on PATH. It prints the file ``rows`` (the CSV that
@@ -17,13 +17,14 @@ import os
 import node_helpers
 import pytest
 
+from ansible_collections.uma.vllm.plugins.module_utils.node.base import plan as _contract
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import admission as _admission
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 GIB = 1 << 30
 MIB = 1 << 20
-CONTEXT = _launch_node.CUDA_CONTEXT_BYTES
+CONTEXT = _contract.CUDA_CONTEXT_BYTES
 UUID0 = "GPU-0a6f4e2c-1111-2222-3333-444455556666"
 UUID1 = "GPU-9b7c5d3e-aaaa-bbbb-cccc-ddddeeeeffff"
 TOTAL_MIB = 143771  # an H200: 140.4 GiB
@@ -70,17 +71,17 @@ def test_eager_module_loading_in_the_engines_env_needs_the_eager_context():
     eager = {"CUDA_MODULE_LOADING": "EAGER"}
     cases = [
         ({}, PLAN, CONTEXT, "(default)"),
-        (eager, PLAN, _launch_node.CUDA_CONTEXT_EAGER_BYTES, "env CUDA_MODULE_LOADING=EAGER; the plan kept less"),
-        (eager, dict(PLAN, cuda_context_bytes=CONTEXT), _launch_node.CUDA_CONTEXT_EAGER_BYTES, "the plan kept less"),
+        (eager, PLAN, _contract.CUDA_CONTEXT_EAGER_BYTES, "env CUDA_MODULE_LOADING=EAGER; the plan kept less"),
+        (eager, dict(PLAN, cuda_context_bytes=CONTEXT), _contract.CUDA_CONTEXT_EAGER_BYTES, "the plan kept less"),
         (eager, dict(PLAN, cuda_context_bytes=2 * GIB), 2 * GIB, "(plan cuda_context_bytes)"),
         ({"CUDA_MODULE_LOADING": "LAZY"}, dict(PLAN, cuda_context_bytes=CONTEXT), CONTEXT, "(plan cuda_context_bytes)"),
-        ({"CUDA_MODULE_LOADING": "eager"}, PLAN, _launch_node.CUDA_CONTEXT_EAGER_BYTES, "EAGER"),
+        ({"CUDA_MODULE_LOADING": "eager"}, PLAN, _contract.CUDA_CONTEXT_EAGER_BYTES, "EAGER"),
     ]
     for env, plan, context, said in cases:
-        need, source = _launch_node.gpu_need({"plan": plan, "env": env})
+        need, source = _admission.gpu_need({"plan": plan, "env": env})
         assert need == 100 * GIB + context and said in source, (env, plan, source)
     # a given whole need is taken as given
-    assert _launch_node.gpu_need({"plan": PLAN, "env": eager, "admission_request_bytes": GIB})[0] == GIB
+    assert _admission.gpu_need({"plan": PLAN, "env": eager, "admission_request_bytes": GIB})[0] == GIB
 
 
 def test_eager_engine_refused_where_the_lazy_context_would_fit(tmp_path, smi):
@@ -92,7 +93,7 @@ def test_eager_engine_refused_where_the_lazy_context_would_fit(tmp_path, smi):
     launch = make(tmp_path / "eager", env={"CUDA_MODULE_LOADING": "EAGER"})
     assert not launch.admit(sleep=lambda _s: None)
     adm = launch.record["admission"]
-    assert adm["admitted"] is False and adm["need_bytes"] == 100 * GIB + _launch_node.CUDA_CONTEXT_EAGER_BYTES
+    assert adm["admitted"] is False and adm["need_bytes"] == 100 * GIB + _contract.CUDA_CONTEXT_EAGER_BYTES
     assert "CUDA_MODULE_LOADING=EAGER" in adm["reason"]
 
 
@@ -110,7 +111,7 @@ def test_admitted_on_the_gpus_free_memory_not_memavailable(tmp_path, smi):
     assert adm["evicted_bytes"] == 0 and "mem_available_bytes" not in adm
     step = launch.log.steps[-1]
     assert step["name"] == "admission" and step["memory"] == "gpu" and step["gpu_free"] == {"0": 120 * GIB}
-    assert (smi / "args").read_text().split() == list(_launch_node.NVIDIA_SMI[1:])
+    assert (smi / "args").read_text().split() == list(_admission.NVIDIA_SMI[1:])
 
 
 def test_the_plans_cuda_context_counts(tmp_path, smi):
@@ -141,7 +142,7 @@ def test_refused_naming_the_gpu_exit_75(tmp_path, smi):
 
 def test_waits_for_another_process_to_free_the_gpu_without_evicting(tmp_path, smi, monkeypatch):
     (smi / "rows").write_text(rows(60 * 1024))
-    for home in (_launch_node, uma_launch):
+    for home in (_admission, uma_launch):
         monkeypatch.setattr(home, "evict_files", lambda paths: pytest.fail("no page-cache eviction in gpu mode"))
     launch = make(tmp_path, admission_wait_s=30)
     calls = []
@@ -234,7 +235,7 @@ def test_unreadable_gpus_start_unchecked_never_refused(tmp_path, smi, monkeypatc
     elif fault == "empty":
         (smi / "rows").write_text("\n")
     elif fault == "timeout":
-        monkeypatch.setattr(_launch_node, "NVIDIA_SMI_TIMEOUT_S", 0.3)
+        monkeypatch.setattr(_admission, "NVIDIA_SMI_TIMEOUT_S", 0.3)
         (smi / "sleep").write_text("5")
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-nope" if fault == "unknown_gpu" else "0,7")

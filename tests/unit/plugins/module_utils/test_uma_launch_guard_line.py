@@ -10,7 +10,7 @@ import node_helpers
 import pytest
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils.node.launch import node as _launch_node
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import admission as _admission
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import program as uma_launch
 
 GIB = 1 << 30
@@ -30,7 +30,7 @@ MIB = 1 << 20
     ],
 )
 def test_guard_free_line(config, host_need, expected):
-    assert _launch_node.guard_free_line(config, host_need) == expected
+    assert _admission.guard_free_line(config, host_need) == expected
 
 
 def base(tmp_path, **extra):
