@@ -209,14 +209,16 @@ def validate(req: WindowRequest) -> Dict[str, Any]:
 
 
 def _devices_from_record(record: Dict[str, Any], sysfs_root: str) -> List[BlockDevice]:
-    devices = []
-    for item in record.get("devices", []):
-        if not isinstance(item, dict):
-            continue
-        name = str(item.get("device", ""))
-        sysfs_dir = os.path.join(sysfs_root, "class", "block", name)
-        devices.append(BlockDevice(name=name, dev=str(item.get("dev", "")), sysfs_dir=sysfs_dir, role="recorded"))
-    return devices
+    """The devices a record lists (checked when it was read: ``_read_record``)."""
+    return [
+        BlockDevice(
+            name=item["device"],
+            dev=item.get("dev", ""),
+            sysfs_dir=os.path.join(sysfs_root, "class", "block", item["device"]),
+            role="recorded",
+        )
+        for item in record.get("devices", [])
+    ]
 
 
 def _resolve_devices(req: WindowRequest) -> List[BlockDevice]:
@@ -228,24 +230,26 @@ def _resolve_devices(req: WindowRequest) -> List[BlockDevice]:
 
 
 def _read_record(req: WindowRequest) -> Tuple[str, Optional[Dict[str, Any]]]:
+    """The open window's record (None: none). A damaged one holds the devices' original values
+    all the same: it is never taken for "no record" (a window would then record the value it set
+    as the original, and state=restored would put nothing back); refused naming the file, the
+    field and the fix, before anything changes."""
     record_path = _blockdev.record_path(req.state_dir, req.name)
-    record_before = _blockdev.load_record(record_path)
-    if record_before is None and os.path.exists(record_path):
+    record_before, problem = _blockdev.read_record(record_path)
+    if problem is not None:
         raise UmaError(
             "state_dir",
             req.state_dir,
-            "holds an unreadable record %s" % record_path,
-            "Inspect it, put the values back by hand and delete it.",
+            "holds a damaged readahead record: %s %s. It holds the devices' original read_ahead_kb values: "
+            "it is not taken for no record, and nothing was changed" % (record_path, problem),
+            "Write the devices' original values back into it (%s), or put each device's original "
+            "read_ahead_kb back by hand and delete the record." % _blockdev.RECORD_EXAMPLE,
         )
     return record_path, record_before
 
 
 def _recorded_originals(record: Optional[Dict[str, Any]]) -> Dict[str, int]:
-    recorded = {}
-    for item in (record or {}).get("devices", []):
-        if isinstance(item, dict) and isinstance(item.get("original_kb"), int):
-            recorded[str(item.get("device"))] = item["original_kb"]
-    return recorded
+    return {item["device"]: item["original_kb"] for item in (record or {}).get("devices", [])}
 
 
 def _plan_restore(p: WindowPlan, devices: List[BlockDevice], recorded: Dict[str, int]) -> None:
@@ -279,7 +283,7 @@ def _plan_record(p: WindowPlan, devices: List[BlockDevice], now: float) -> None:
     if record_before is not None and p.timer_active:
         after = copy.deepcopy(record_before)
         after["read_ahead_kb"] = p.kb
-        listed = {str(i.get("device")) for i in after["devices"] if isinstance(i, dict)}
+        listed = {item["device"] for item in after["devices"]}
         for dev in devices:
             if dev.name not in listed:
                 after["devices"].append({"device": dev.name, "dev": dev.dev, "original_kb": p.originals[dev.name]})
@@ -287,7 +291,7 @@ def _plan_record(p: WindowPlan, devices: List[BlockDevice], now: float) -> None:
         return
     p.record_after = _blockdev.new_record(p.request.name, devices, p.originals, p.kb, p.duration, now)
     for item in (record_before or {}).get("devices", []):
-        if isinstance(item, dict) and str(item.get("device")) not in p.originals:
+        if item["device"] not in p.originals:
             p.record_after["devices"].append(item)  # still owed a restore
     p.arm_timer = True
 

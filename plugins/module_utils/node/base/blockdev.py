@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .common import UmaError, managed_header, node_write_json, read_json, read_text, systemd_quote
+from .common import UmaError, managed_header, node_write_json, read_record_file, read_text, systemd_quote
 from .paths import STATE_DIR
 
 RECORD_PREFIX = "readahead-"
@@ -277,14 +277,69 @@ def record_path(state_dir: str, name: str) -> str:
     return os.path.join(state_dir, "%s%s.json" % (RECORD_PREFIX, name))
 
 
+_DEV_RE = re.compile(r"^[0-9]{1,10}:[0-9]{1,10}$")
+_RECORD_NUMBERS = ("version", "read_ahead_kb", "duration", "opened_at", "ends_at")
+RECORD_EXAMPLE = '{"devices": [{"device": "nvme0n1", "dev": "259:0", "original_kb": <original>}, ...]}'
+
+
+def _whole(value: Any, top: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value)[:80]
+
+
+def record_problem(data: Dict[str, Any], entries: bool = True) -> Optional[str]:
+    """What is wrong with a readahead record's content (None: nothing), field by field; the words
+    read after the record's path.
+
+    A record holds the devices' original ``read_ahead_kb`` values: an entry that cannot be read
+    must never be taken for "no original" (the value the window set would then be kept as the
+    device's own). Checked: a ``devices`` list; each entry an object with ``device`` (a block
+    device name), ``dev`` (``MAJ:MIN``, or empty) and ``original_kb`` (a whole number from 0 to
+    the kernel's maximum); ``version``, ``read_ahead_kb``, ``duration``, ``opened_at`` and
+    ``ends_at`` whole numbers >= 0 where present (``entries=False``: the record without its
+    entries, which :func:`entry_problem` checks one by one)."""
+    devices = data.get("devices")
+    if not isinstance(devices, list):
+        return "has no device list (devices = %s)" % _shown(devices)
+    for key in _RECORD_NUMBERS:
+        if key in data and not _whole(data[key], 1 << 62):
+            return "has %s = %s, not a whole number >= 0" % (key, _shown(data[key]))
+    if not entries:
+        return None
+    return next((p for p in (entry_problem(i, item) for i, item in enumerate(devices)) if p), None)
+
+
+def entry_problem(index: int, item: Any) -> Optional[str]:
+    """What is wrong with entry ``index`` of a record's device list (None: nothing)."""
+    where = "devices[%d]" % index
+    if not isinstance(item, dict):
+        return "has %s = %s, not an object" % (where, _shown(item))
+    name, dev, original = item.get("device"), item.get("dev", ""), item.get("original_kb")
+    if not isinstance(name, str) or not _DEVICE_NAME_RE.fullmatch(name):
+        return "has %s.device = %s, not a block device name" % (where, _shown(name))
+    if not isinstance(dev, str) or (dev and not _DEV_RE.fullmatch(dev)):
+        return "has %s.dev = %s, not a device number MAJ:MIN" % (where, _shown(dev))
+    if not _whole(original, KERNEL_MAX_KB):
+        return "has %s.original_kb = %s (device %s), not a whole number of KiB from 0 to %d" % (
+            where, _shown(original), name, KERNEL_MAX_KB)  # fmt: skip
+    return None
+
+
+def read_record(path: str, entries: bool = True) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """A readahead record and what is wrong with it: ``(record, None)``, ``(None, None)`` when
+    there is none, ``(None, problem)`` when it is there but damaged (read as every node record is,
+    :func:`read_record_file`: a symlink, FIFO, directory, empty, not UTF-8, not JSON, not an
+    object; then the fields :func:`record_problem` checks; ``entries=False``: the device entries
+    are left to the caller's :func:`entry_problem`)."""
+    return read_record_file(path, dict, lambda data: record_problem(data, entries))
+
+
 def load_record(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        data = read_json(path)
-    except OSError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
-        return None
-    return data
+    """A readahead record, or None where there is none or it is damaged (:func:`read_record` says which)."""
+    return read_record(path)[0]
 
 
 def restore_record(path: str, sysfs_root: str = "/sys") -> Dict[str, Any]:
@@ -292,32 +347,28 @@ def restore_record(path: str, sysfs_root: str = "/sys") -> Dict[str, Any]:
 
     A device is written only when ``/sys/class/block/NAME/dev`` still has the
     recorded MAJ:MIN (after a reboot names can move to other disks). The
-    record stays when a write failed, so the boot unit tries again.
+    record stays when a write failed or an entry is damaged (named in ``errors``,
+    the other entries restored), so the boot unit tries again.
     """
     result: Dict[str, Any] = {"record": path, "restored": [], "skipped": [], "errors": []}
-    try:
-        data = read_json(path)
-    except OSError as err:
-        result["errors"].append("cannot read %s: %s" % (path, err.strerror))
+    fix = "put the device's original read_ahead_kb back by hand (or repair the record as %s), then delete it" % (
+        RECORD_EXAMPLE
+    )
+    data, problem = read_record(path, entries=False)
+    if problem is not None:
+        result["errors"].append("%s %s: damaged, left in place, nothing restored; %s" % (path, problem, fix))
         return result
     if data is None:
-        if os.path.exists(path):
-            result["errors"].append("%s is not valid JSON; left in place" % path)
         return result
-    devices = data.get("devices") if isinstance(data, dict) else None
-    if not isinstance(devices, list):
-        result["errors"].append("%s has no device list; left in place" % path)
-        return result
-    for item in devices:
-        if not isinstance(item, dict):
+    for index, item in enumerate(data["devices"]):
+        # a damaged entry is never skipped in silence: it is named, the others are restored, and the
+        # record stays (the boot unit tries again; the operator's value is not lost with it)
+        problem = entry_problem(index, item)
+        if problem is not None:
+            result["errors"].append("%s %s: left in place; %s" % (path, problem, fix))
             continue
-        name = str(item.get("device", ""))
-        dev = str(item.get("dev", ""))
-        original = item.get("original_kb")
+        name, dev, original = item["device"], item.get("dev", ""), item["original_kb"]
         base = os.path.join(sysfs_root, "class", "block", name)
-        if not _DEVICE_NAME_RE.match(name) or not isinstance(original, int):
-            result["skipped"].append({"device": name, "reason": "malformed entry"})
-            continue
         now_dev = read_first_line(os.path.join(base, "dev"))
         if now_dev is None:
             result["skipped"].append({"device": name, "reason": "device is gone"})

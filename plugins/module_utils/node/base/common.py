@@ -12,13 +12,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import secrets
 import stat
 import sys
 import time
-from typing import Any, Callable, Dict, Optional, Set, Union
+from typing import Any, Callable, Dict, Optional, Set, Tuple, Union
 
 _INT_RE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
 
@@ -278,7 +279,7 @@ def read_state(
     in place and ignored when it cannot be renamed), and one line on stderr (the journal)
     names the file, what was wrong and where it went - once per path and process.
     """
-    problem, value = _state_problem(path, kind, check, cap)
+    value, problem = read_record_file(path, kind, check, cap)
     if problem is None:
         return value
     if path not in _SAID:
@@ -286,6 +287,19 @@ def read_state(
         sys.stderr.write("%s: state file %s %s; %s, starting fresh\n" % (prog, path, problem, _set_aside(path)))
         sys.stderr.flush()
     return None
+
+
+def read_record_file(
+    path: str, kind: type = dict, check: Optional[Callable[[Any], Optional[str]]] = None, cap: int = STATE_READ_CAP
+) -> Tuple[Optional[Any], Optional[str]]:
+    """The one way the node programs read a record of their own: ``(value, None)``, ``(None, None)``
+    when the file is not there, ``(None, problem)`` when it is there but damaged (the problem reads
+    after the file's path: "is empty", "is a symlink ...", ``check``'s own words). Never follows a
+    symlink, never opens a FIFO or device (no hang), never reads more than ``cap`` bytes, never
+    takes NaN/Infinity or a value of another JSON kind; :func:`read_state` sets a damaged one aside,
+    a record of the operator's original values is refused instead (it must not be lost)."""
+    problem, value = _state_problem(path, kind, check, cap)
+    return value, problem
 
 
 def _state_problem(path: str, kind: type, check: Any, cap: int) -> Any:
@@ -326,7 +340,7 @@ def _state_problem(path: str, kind: type, check: Any, cap: int) -> Any:
     except UnicodeDecodeError as exc:
         return "is not UTF-8 (byte %d)" % exc.start, None
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant, parse_int=_record_int, parse_float=_record_float)
     except (ValueError, RecursionError) as exc:
         return "is not valid JSON, truncated or damaged (%s)" % str(exc)[:120], None
     if not isinstance(value, kind) or isinstance(value, bool):
@@ -337,6 +351,24 @@ def _state_problem(path: str, kind: type, check: Any, cap: int) -> Any:
 
 def _no_constant(name: str) -> Any:
     raise ValueError("%s is not a number" % name)
+
+
+# No record of the node programs holds a number beyond 64 bits; one that does is damage, and a
+# float() of it (a 400-digit int) or arithmetic on it (1e400 read as inf) would be a traceback later.
+_RECORD_INT_MAX = 1 << 63
+
+
+def _record_int(text: str) -> int:
+    if len(text) > 20 or abs(int(text)) > _RECORD_INT_MAX:
+        raise ValueError("%s is too large for a number" % text[:40])
+    return int(text)
+
+
+def _record_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError("%s is too large for a number" % text[:40])
+    return number
 
 
 def _json_kind(value: Any) -> str:

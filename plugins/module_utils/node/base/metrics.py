@@ -124,14 +124,21 @@ def _at(record: Dict[str, Any], key: str, started: Optional[float]) -> Optional[
     """healthy_at / failed_at: seconds since the start (the launcher's form) or an ISO time."""
     value = record.get(key)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return None if started is None else started + float(value)
+        seconds = _number(value)
+        return None if started is None or seconds is None else started + float(seconds)
     return _epoch(value)
+
+
+# a record's number that no launch can hold (a damaged record: 1e308 MiB) is no sample; the bound
+# keeps every product below (MiB to bytes) a finite float
+_NUMBER_MAX = 1e15
 
 
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value
+    # an int is compared as it is (a float() of a 400-digit int would raise)
+    return value if abs(value) <= _NUMBER_MAX and math.isfinite(value) else None
 
 
 def launch_samples(

@@ -301,11 +301,41 @@ def test_restore_skips_renamed_and_gone_devices(sysfs, tmp_path):
     ]
     path, _data = _record(tmp_path, sysfs, entries=entries)
     result = _blockdev.restore_record(path, sysfs.root)
-    assert [s["device"] for s in result["skipped"]] == ["sdb", "sdz", "../x"]
+    assert [s["device"] for s in result["skipped"]] == ["sdb", "sdz"]
     assert "now belongs to 8:16" in result["skipped"][0]["reason"]
     assert result["restored"] == [{"device": "sdc", "dev": "8:32", "read_ahead_kb": 1024}]
     assert sysfs.ra("sdb") == 128 and sysfs.ra("sdc") == 1024
-    assert not os.path.exists(path)
+    # a damaged entry is named, never skipped in silence: the record stays for the next restore
+    # (before issue 36 item 4 they were "malformed entry" skips and the record was deleted)
+    assert len(result["errors"]) == 2
+    assert '%s has devices[3].device = "../x", not a block device name: left in place' % path in result["errors"][0]
+    assert '%s has devices[4] = "junk", not an object: left in place' % path in result["errors"][1]
+    assert os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ("4096", 'has devices[0].original_kb = "4096" (device sdc), not a whole number of KiB'),
+        (True, "has devices[0].original_kb = true (device sdc)"),
+        (None, "has devices[0].original_kb = null (device sdc)"),
+        (-8, "has devices[0].original_kb = -8 (device sdc)"),
+        (4294967296, "has devices[0].original_kb = 4294967296 (device sdc)"),
+        (1024.5, "has devices[0].original_kb = 1024.5 (device sdc)"),
+    ],
+)
+def test_restore_names_an_original_it_cannot_read_and_keeps_the_record(sysfs, tmp_path, bad, problem):
+    entries = [
+        {"device": "sdc", "dev": "8:32", "original_kb": bad},
+        {"device": "sda", "dev": "8:0", "original_kb": 256},
+    ]
+    path, _data = _record(tmp_path, sysfs, entries=entries)
+    result = _blockdev.restore_record(path, sysfs.root)
+    assert len(result["errors"]) == 1 and problem in result["errors"][0]
+    assert "put the device's original read_ahead_kb back by hand" in result["errors"][0]
+    assert result["restored"] == [{"device": "sda", "dev": "8:0", "read_ahead_kb": 256}]
+    assert sysfs.ra("sdc") == 128  # untouched, not written with a guess
+    assert os.path.exists(path)
 
 
 def test_restore_keeps_record_when_a_write_fails(sysfs, tmp_path):
@@ -317,13 +347,32 @@ def test_restore_keeps_record_when_a_write_fails(sysfs, tmp_path):
     assert os.path.exists(path)
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"name": "x"}), json.dumps([1, 2])])
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"name": "x"}), json.dumps([1, 2]), "", "NaN"])
 def test_restore_keeps_unreadable_record(sysfs, tmp_path, content):
     path = tmp_path / "readahead-bad.json"
     path.write_text(content)
     result = _blockdev.restore_record(str(path), sysfs.root)
-    assert result["errors"] and path.exists()
+    assert len(result["errors"]) == 1 and path.exists()
+    assert result["errors"][0].startswith(str(path) + " ")
+    assert "damaged, left in place, nothing restored" in result["errors"][0]
     assert _blockdev.load_record(str(path)) is None
+    assert _blockdev.read_record(str(path))[1] is not None
+
+
+@pytest.mark.parametrize("how", ["fifo", "symlink", "directory"])
+def test_restore_neither_hangs_on_nor_follows_what_is_not_a_record_file(sysfs, tmp_path, how):
+    path = tmp_path / "readahead-odd.json"
+    if how == "fifo":
+        os.mkfifo(path)  # an open() of it would wait for a writer forever (the boot unit would hang)
+    elif how == "symlink":
+        target = tmp_path / "elsewhere.json"
+        target.write_text(json.dumps({"devices": [{"device": "sdc", "dev": "8:32", "original_kb": 4}]}))
+        path.symlink_to(target)
+    else:
+        path.mkdir()
+    result = _blockdev.restore_record(str(path), sysfs.root)
+    assert len(result["errors"]) == 1 and "nothing restored" in result["errors"][0]
+    assert os.path.lexists(path) and sysfs.ra("sdc") == 128
 
 
 def test_restore_all_and_cli(sysfs, tmp_path, capsys):

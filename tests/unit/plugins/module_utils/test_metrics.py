@@ -215,3 +215,20 @@ def test_launcher_records_with_relative_times(tmp_path):
     assert values[("uma_vllm_launch_healthy", e)] == 0 and values[("uma_vllm_launch_loading", e)] == 0
     assert values[("uma_vllm_launch_exit_code", e)] == 1
     assert values[("uma_vllm_launch_failed_records", e)] == 1
+
+
+# issue 36 item 4: a launch record's number that no launch can hold (1e308 MiB of page cache) was an
+# OverflowError at every run of the metrics timer; now no sample of it, and the others still come
+@pytest.mark.parametrize("key", ["page_cache_peak_mib", "kv_alloc_t", "exit_code", "failed_at"])
+@pytest.mark.parametrize("value", [1e308, -1e308, 10**40, 10**400], ids=["1e308", "-1e308", "10^40", "10^400"])
+def test_a_number_no_launch_can_hold_is_no_sample(key, value):
+    good = {"state": "failed", "started_at": "2026-11-29T08:00:00Z", "failed_at": 30.5, "exit_code": 69,
+            "kv_alloc_t": 2.5, "page_cache_peak_mib": 100}  # fmt: skip
+    metric = {"page_cache_peak_mib": "uma_vllm_launch_page_cache_peak_bytes",
+              "kv_alloc_t": "uma_vllm_launch_kv_alloc_seconds", "exit_code": "uma_vllm_launch_exit_code",
+              "failed_at": "uma_vllm_launch_duration_seconds"}  # fmt: skip
+    assert set(metric.values()) <= {name for name, _labels, _value in m.launch_samples("main", good, [good])}
+    record = dict(good, **{key: value})
+    names = {name for name, _labels, _value in m.launch_samples("main", record, [record])}
+    assert metric[key] not in names
+    assert "uma_vllm_launch_records" in names and len(names - {metric[key]}) >= 3

@@ -73,6 +73,12 @@ def damage_cases(kind):
         ("a string", _write(b'"state"')),
         ("the other container", _write(other)),
         ("NaN", _write(b"NaN")),
+        # issue 36 item 4: numbers beyond any record's 64 bits (a float() of the first raised later)
+        (
+            "a 400-digit number",
+            _write(b'{"epoch": 1' + b"0" * 400 + b"}" if kind is dict else b'[{"at": 1' + b"0" * 400 + b"}]"),
+        ),
+        ("1e400", _write(b'{"epoch": 1e400}' if kind is dict else b'[{"at": 1e400}]')),
         ("nested too deep", _write(b"[" * 200000)),
         ("huge", _write(b" " * _common.STATE_READ_CAP + (b"{}" if kind is dict else b"[]"))),
         ("a directory", lambda path, tmp: path.mkdir()),

@@ -329,7 +329,62 @@ def test_unreadable_record_is_refused(run_module, node):
     node.record.parent.mkdir()
     node.record.write_text("{oops")
     failed, result = run_module(readahead_window, node.args(device="sda"))
-    assert failed and result["option"] == "state_dir" and "unreadable record" in result["msg"]
+    assert failed and result["option"] == "state_dir"
+    assert "holds a damaged readahead record: %s is not valid JSON, truncated or damaged" % node.record in result["msg"]
+    assert node.record.read_text() == "{oops" and node.ra("sda") == 4096
+
+
+# Issue 36 item 4: an open window's record whose entry cannot be read held the device's original all
+# the same. Before, such an entry was dropped in silence: state=restored put nothing back and deleted
+# the record (the operator's 4096 gone, the device left at the window's 8), and a new window recorded 8
+# as the original. Now: refused naming the file, the field, its value and the fix; nothing changes.
+@pytest.mark.parametrize(
+    "damage, problem",
+    [
+        (lambda r: r["devices"][0].update(original_kb="4096"), 'has devices[0].original_kb = "4096" (device sda), not'),
+        (lambda r: r["devices"][0].update(original_kb=True), "has devices[0].original_kb = true (device sda)"),
+        (lambda r: r["devices"][0].update(original_kb=-1), "has devices[0].original_kb = -1 (device sda)"),
+        (lambda r: r["devices"][0].update(original_kb=2**40), "has devices[0].original_kb = 1099511627776"),
+        (lambda r: r["devices"][0].pop("original_kb"), "has devices[0].original_kb = null (device sda)"),
+        (lambda r: r["devices"][0].update(device="../sda"), 'has devices[0].device = "../sda", not a block device'),
+        (lambda r: r["devices"][0].update(dev="sda"), 'has devices[0].dev = "sda", not a device number'),
+        (lambda r: r["devices"].append("junk"), 'has devices[1] = "junk", not an object'),
+        (lambda r: r.update(devices={"sda": 4096}), "has no device list"),
+        (lambda r: r.update(ends_at="soon"), 'has ends_at = "soon", not a whole number'),
+    ],
+)
+@pytest.mark.parametrize("state", ["restored", "throttled"])
+@pytest.mark.parametrize("check_mode", [False, True])
+def test_a_damaged_record_entry_is_refused_never_dropped(run_module, node, damage, problem, state, check_mode):
+    failed, _result = run_module(readahead_window, node.args(device="sda"))
+    assert not failed and node.ra("sda") == 8
+    record = json.loads(node.record.read_text())
+    damage(record)
+    node.record.write_text(json.dumps(record))
+    written = node.record.read_text()
+    node.systemd.calls.clear()
+    args = node.args(state="restored") if state == "restored" else node.args(device="sda", read_ahead_kb=16)
+    failed, result = run_module(readahead_window, args, check_mode=check_mode)
+    assert failed, result
+    assert result["option"] == "state_dir"
+    assert "holds a damaged readahead record: %s %s" % (node.record, problem) in result["msg"]
+    assert "it is not taken for no record, and nothing was changed" in result["msg"]
+    assert '"original_kb": <original>' in result["msg"]  # the fix shows the shape it must have
+    assert node.record.read_text() == written
+    assert node.ra("sda") == 8
+    assert node.systemd.actions() == []
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [(b"", "is empty"), (b"\xff\xfe", "is not UTF-8 (byte 0)"), (b"[1]", "holds a JSON list, not a JSON object")],
+)
+def test_a_record_that_is_not_text_is_refused_naming_why(run_module, node, content, problem):
+    node.record.parent.mkdir()
+    node.record.write_bytes(content)
+    failed, result = run_module(readahead_window, node.args(state="restored"))
+    assert failed and "holds a damaged readahead record: %s %s." % (node.record, problem) in result["msg"]
+    assert node.record.read_bytes() == content
 
 
 def test_failing_systemd_run_fails_cleanly_and_changes_nothing(run_module, node, monkeypatch):
