@@ -87,7 +87,11 @@ options:
     type: str
     default: /usr/local/lib/uma-vllm
   state_dir:
-    description: Where the records of open windows live (C(readahead-NAME.json)); must survive a reboot.
+    description:
+      - Where the records of open windows live (C(readahead-NAME.json)); must survive a reboot.
+      - A record that is there but damaged (not JSON, or an entry whose C(device), C(dev) or C(original_kb)
+        cannot be read) holds the devices' original values all the same; it is refused, naming the file,
+        the field and the fix, and nothing changes. It is never taken for no record.
     type: str
     default: /var/lib/uma-vllm
   systemd_dir:
