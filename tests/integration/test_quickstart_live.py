@@ -115,6 +115,19 @@ def _addr(name):
     return _docker("inspect", "-f", "{{.NetworkSettings.IPAddress}}", name).stdout.strip()
 
 
+def _bridge_gateway(node):
+    """This machine's address on the Docker bridge, where the nodes reach it: the bridge's IPAM
+    gateway, or (Debian's docker.io 20.10 leaves the default bridge's IPAM Gateway empty) the node's
+    own default route. Never empty: a stand-in bound to "" listens on 0.0.0.0 and the nodes were
+    sent to http://0.0.0.0:PORT, their own loopback."""
+    gateway = _docker("network", "inspect", "bridge", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}").stdout
+    if not gateway.strip():
+        route = _docker("exec", node, "ip", "-4", "route", "show", "default").stdout.split()
+        gateway = route[route.index("via") + 1] if "via" in route else ""
+    assert gateway.strip(), "no address of this machine on the Docker bridge (IPAM gateway or the node's route)"
+    return gateway.strip()
+
+
 def _lab_inventory(ctx):
     """The README's values table, filled with the lab's values: (file, key path, published, lab)."""
     runtime = yaml.safe_load((ROOT / "lab" / "runtime-container.yml").read_text())
@@ -367,7 +380,7 @@ def lab(tmp_path_factory):
         # what a user's shell has: the control node's tools, no checkout on the Python path
         child = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
         child.update(HOME=str(home), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-        gateway = _docker("network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+        gateway = _bridge_gateway(next(iter(nodes.values())))
         hub = hub_standin.serve({"lab/tiny-llama": str(MODEL)}, host=gateway)
         ctx = {
             "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs, "hub": hub,
