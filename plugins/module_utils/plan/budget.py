@@ -30,23 +30,16 @@ from ansible_collections.uma.vllm.plugins.module_utils.plan.kv import KvLayout, 
 
 
 # What vLLM's profile run adds on top of the weights, calibrated on public start-up logs
-# (tests/unit/fixtures/models/activation_observations.yaml; fitted on the rows marked
-# "fit", checked on the held-out rows; see test_activation_observations.py).
-# Forward pass: the per-token formula below under-counts the logged peak by up to 11%
-# (obs14, 0.11.0): x 1.15.
+# (tests/unit/fixtures/models/activation_observations.yaml; see test_activation_observations.py).
+# Forward pass: the per-token formula below x FORWARD_FACTOR.
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'The activation reserve: calibration')
 FORWARD_FACTOR = 1.15
 # Sampler profile, bytes per element of the [max_num_seqs, vocab] logits, on the rank
 # that samples (V0: the driver rank only); the profile samples with top-p/top-k.
-# V0 (< 0.8.0): logged peaks 41.2 and 39.2 B per element (PR #10511 Llama-3-8B,
-# issue #13882 Qwen2.5-7B) -> 44.
-# V1, top-k/top-p by a full sort of the vocab (PyTorch-native default; read in
-# v1/sample/ops/topk_topp_sampler.py of 0.15.1): fp32 logits 4 + sorted values 4 + int64
-# indices 8 + probs 4 + masks -> 24 (counted from the source; no log found).
-# V1 without the sort: 0.11.x uses FlashInfer's sampler (when installed) unless VLLM_USE_FLASHINFER_SAMPLER=0,
-# 0.19 a Triton top-k/top-p kernel, 0.21+ FlashInfer by default (read in the 0.11.0,
-# 0.19.0, 0.21.0, 0.30.0 wheels): a gpt-oss-20b start on 0.19.0 (myoceane.fr, A100) leaves
-# at most 5.6-6.4 B per element (non-torch 0.15-0 GiB) -> 6. Releases not read (0.8-0.10, 0.12-0.14, 0.16-0.18) are
-# taken as sorting (the larger figure).
+# V0 (< 0.8.0): SAMPLER_BYTES_V0; V1 sorting the vocab for top-k/top-p (PyTorch-native):
+# SAMPLER_BYTES_V1_SORT; V1 without the sort (FlashInfer or a Triton kernel: 0.11.x, 0.19+):
+# SAMPLER_BYTES_V1. Releases whose sampler was not read are taken as sorting (the larger figure).
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'The activation reserve: calibration')
 SAMPLER_BYTES_V0 = 44
 SAMPLER_BYTES_V1_SORT = 24
 SAMPLER_BYTES_V1 = 6
@@ -60,11 +53,11 @@ def sampler_bytes_per_element(version: versions.Version) -> int:
     return SAMPLER_BYTES_V1_SORT
 
 
-# Non-torch memory per rank (NCCL and custom all-reduce buffers, cuBLAS workspaces):
-# 0.7.0+ measures it as (device used - torch reserved) since the worker's first
-# snapshot (vllm/utils.py MemorySnapshot): logged 0.03-0.30 GiB, growing with TP ->
-# 0.15 GiB x TP. 0.6.x counted (device used - baseline - weights - torch allocated
-# delta): logged 1.79 GiB at TP 1 and 3.58 GiB at TP 2 (PR #10511, H100) -> 1.8 GiB x TP.
+# Non-torch memory per rank (NCCL and custom all-reduce buffers, cuBLAS workspaces), x TP:
+# 0.7.0+ measures it as (device used - torch reserved) since the worker's first snapshot
+# (vllm/utils.py MemorySnapshot); 0.6.x counted (device used - baseline - weights - torch
+# allocated delta), a larger figure.
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'The activation reserve: calibration')
 NON_TORCH_PER_TP = GIB * 15 // 100
 NON_TORCH_PER_TP_V06 = GIB * 18 // 10
 
@@ -81,8 +74,9 @@ def activation_reserve(desc: Dict[str, Any], ctx: PlanContext) -> Dict[str, int]
       the two (the forward's activations are freed before the sampler runs), so the
       part that does not set the peak is reported as 0;
     - non_torch: NON_TORCH_PER_TP(_V06) x tensor_parallel_size;
-    - cuda_graphs: 1 GiB unless --enforce-eager (logged: 0.49 GiB and a negative
-      figure; outside vLLM's budget before 0.21, estimated inside it from 0.21).
+    - cuda_graphs: 1 GiB unless --enforce-eager (outside vLLM's budget before 0.21,
+      estimated inside it from 0.21; evidence: docs/PLANNER-EVIDENCE.md, section
+      'The activation reserve: calibration').
     Not modelled: vision/audio encoder profiling of multimodal models (a warning says so).
     Set activation_reserve_gib to override the whole figure.
     """

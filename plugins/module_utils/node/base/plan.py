@@ -32,16 +32,13 @@ GIB = 1 << 30
 GIB_F = float(GIB)
 
 # A discrete GPU's CUDA context: the process's first CUDA call takes it from the card's free memory
-# before vLLM's startup snapshot (free must be >= total x gpu_memory_utilization): 523.6 MiB and
-# 619-620 MiB measured on NVIDIA H200 machines and 620 MiB on an H100, driver 580.159.04, torch 2.11.0+cu130
-# (docs/BENCHMARKS.md; 0.55 GiB was refuted there by benchmarks/gpu_launch_check.py: the check failed by
-# 46 MiB) -> 0.75 GiB: the default reserve_gib on a discrete GPU, and what the launcher's GPU admission adds
-# where the plan has no cuda_context_bytes.
+# before vLLM's startup snapshot (free must be >= total x gpu_memory_utilization): 0.75 GiB, the default
+# reserve_gib on a discrete GPU, and what the launcher's GPU admission adds where the plan has no
+# cuda_context_bytes (evidence: docs/PLANNER-EVIDENCE.md, section 'The CUDA context of a discrete GPU').
 CUDA_CONTEXT_BYTES = GIB * 3 // 4
 # With CUDA_MODULE_LOADING=EAGER in the engine's environment every kernel of every loaded CUDA library is
-# loaded at the first CUDA call: 1258-1260 MiB per process (two processes, one after the other) on an H200
-# and an H100 that gave 618-620 MiB lazily (benchmarks/gpu_launch_check.py --contexts; PyTorch's own
-# kernels only: vLLM's kernel libraries were not measured and add more) -> 1.5 GiB.
+# loaded at the first CUDA call: 1.5 GiB (vLLM's own kernel libraries, not measured, add more)
+# (evidence: docs/PLANNER-EVIDENCE.md, section 'The CUDA context of a discrete GPU').
 CUDA_CONTEXT_EAGER_BYTES = GIB * 3 // 2
 
 MAX_BYTES = 1 << 50  # 1 PiB: no node comes near it, far below a float's precision

@@ -5,7 +5,8 @@
 
 vLLM's ranks of a multi-node engine know nothing of each other's lifecycle: a stopped rank 0
 leaves a headless rank 1 (and its ``VLLM::Worker_TP1``) running and holding memory, and a
-dead rank 1 leaves rank 0 answering ``/health`` 200 (measured in the lab: 60+ s and 100+ s).
+dead rank 1 leaves rank 0 answering ``/health`` 200 (evidence: docs/BENCHMARKS.md, section
+'The two-node engine: one engine, stopped and started whole').
 The launchers of the ranks therefore hold a *rank link*: every rank > 0 keeps one TCP
 connection to rank 0's launcher (``head_addr:link_port``, on the cluster link).
 

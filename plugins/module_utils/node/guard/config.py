@@ -30,19 +30,16 @@ from ..base.common import UmaError, require_int
 
 MODES = ("global", "files", "adaptive")
 # Chosen by benchmarks/page_cache.py (the benchmark reports it as default_mode
-# and ranks the modes; see benchmarks/README.md). In the same runs adaptive held
-# the mmap loader (vLLM's) at the mapped shard (1.00x) with 0.6% of a core and
-# the sequential reader at 50 MiB (files: 147, global: 144 with 5-9% of a core),
-# at 1.00x the unguarded load time, and evicted none of a bystander's cache
-# (global: all of it). It misses only the 2% CPU target at full disk speed (3.6%).
+# and ranks the modes; see benchmarks/README.md)
+# (evidence: docs/BENCHMARKS.md, section 'What the guard's defaults rest on').
 DEFAULT_MODE = "adaptive"
 DEFAULT_INTERVAL = 0.1
 # Below 10 ms a Python tick costs more CPU than it saves; above a minute the guard is blind.
 MIN_INTERVAL = 0.01
 MAX_INTERVAL = 60.0
-# Sequential readers grow the cache in read()-sized steps (16 MiB in the
-# benchmark); 16 lets the guard act after one or two steps. 24 and 32 saved
-# 15-30% of the guard's CPU but raised the typical peak by 16 MiB.
+# Sequential readers grow the cache in read()-sized steps; 16 lets the guard act
+# after one or two steps (evidence: docs/BENCHMARKS.md, section 'What the guard's
+# defaults rest on').
 DEFAULT_THRESHOLD_MIB = 16
 MAX_MIB = 1048576  # 1 TiB: the upper bound of threshold_mib, min_available_mib and act_below_free_mib
 DEFAULT_MIN_AVAILABLE_MIB = 0  # 0 = MemAvailable trigger off
