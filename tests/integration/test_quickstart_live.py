@@ -380,7 +380,7 @@ def lab(tmp_path_factory):
         # what a user's shell has: the control node's tools, no checkout on the Python path
         child = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
         child.update(HOME=str(home), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-        gateway = _bridge_gateway(next(iter(nodes.values())))
+        gateway = _bridge_gateway(nodes[HOSTS[0]])
         hub = hub_standin.serve({"lab/tiny-llama": str(MODEL)}, host=gateway)
         ctx = {
             "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs, "hub": hub,

@@ -337,11 +337,6 @@ def read_record(path: str, entries: bool = True) -> Tuple[Optional[Dict[str, Any
     return read_record_file(path, dict, lambda data: record_problem(data, entries))
 
 
-def load_record(path: str) -> Optional[Dict[str, Any]]:
-    """A readahead record, or None where there is none or it is damaged (:func:`read_record` says which)."""
-    return read_record(path)[0]
-
-
 def restore_record(path: str, sysfs_root: str = "/sys") -> Dict[str, Any]:
     """Put back the original values of one record, then delete it.
 
