@@ -493,6 +493,15 @@ def test_node_program_bad_configuration(program):
             results = list(pool.map(run_case, cases))
     finally:
         _rmtree(base)
+    counts, bad = tally(target, cases, results, EXAMPLES)
+    assert counts["ok"] >= len(program.VALID), "too few valid variants accepted (%s)" % dict(counts)
+    assert not bad, "%s: %s\n%s" % (target, bad, "\n".join(h.EXAMPLES[target]))
+
+
+def tally(target: str, cases: List[Any], results: List[Dict[str, Any]], examples: int) -> Tuple[Any, Dict[str, int]]:
+    """Each case's outcome counted under ``target`` (conftest prints the table), the first 40 bad
+    ones kept as examples; the run must have drawn ``examples`` cases and refused half of them.
+    Returns the counts and the bad outcomes (traceback, hang, silent, unclear, false_refusal)."""
     counts = h.COUNTS[target]
     for case, result in zip(cases, results):
         counts["cases"] += 1
@@ -500,7 +509,6 @@ def test_node_program_bad_configuration(program):
         if result["outcome"] not in ("ok", "refused") and len(h.EXAMPLES[target]) < 40:
             h.EXAMPLES[target].append("%s: %s\n    %s" % (result["outcome"], case.label, result["detail"]))
     bad = {k: counts[k] for k in ("traceback", "hang", "silent", "unclear", "false_refusal") if counts[k]}
-    assert counts["cases"] >= EXAMPLES, "only %d cases for %s" % (counts["cases"], target)
-    assert counts["refused"] >= EXAMPLES // 2, "too few refusals: the harness exercises too little (%s)" % dict(counts)
-    assert counts["ok"] >= len(program.VALID), "too few valid variants accepted (%s)" % dict(counts)
-    assert not bad, "%s: %s\n%s" % (target, bad, "\n".join(h.EXAMPLES[target]))
+    assert counts["cases"] >= examples, "only %d cases for %s" % (counts["cases"], target)
+    assert counts["refused"] >= examples // 2, "too few refusals: the harness exercises too little (%s)" % dict(counts)
+    return counts, bad

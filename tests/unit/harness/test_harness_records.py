@@ -50,6 +50,7 @@ from test_harness_node import (
     _dump,
     _rmtree,
     damage_file,
+    tally,
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins", "module_utils"))
@@ -135,7 +136,7 @@ def build(data, root: str, variant: Optional[str] = None) -> Case:
         value = data.draw(st.sampled_from([v for v in NUMERIC_BAD if not isinstance(v, int) or isinstance(v, bool)]
                                           + [-1]), label="value")  # fmt: skip
         _dump(path, dict(valid, **{key: value}))
-        names = [path] if value in RAW and value != "__1e400__" else [path, key]  # NaN: JSON's error has no key
+        names = [path] if isinstance(value, str) and value in RAW else [path, key]  # NaN, 1e400: no key named
         return Case(argv, root, path, names, label="%s=%r" % (key, value), before=_bytes(path), damaged="*")
     if where == "list":
         value = data.draw(st.sampled_from([{"sda": 4096}, "sda", None, 5, True]), label="devices")
@@ -154,7 +155,7 @@ def build(data, root: str, variant: Optional[str] = None) -> Case:
     else:
         value = data.draw(st.sampled_from(FIELDS[key]), label="value")
         entries[index] = dict(entry, **{key: value})
-        literal = isinstance(value, str) and value in RAW and value != "__1e400__"  # NaN: JSON's error has no key
+        literal = isinstance(value, str) and value in RAW  # NaN, 1e400: refused by the JSON reader, no key named
         names = [path] if literal else [path, "devices[%d].%s" % (index, key)]
     _dump(path, dict(valid, devices=entries))
     label = "devices[%d].%s=%r" % (index, key, value)
@@ -236,15 +237,7 @@ def test_readahead_record_damaged_every_way_is_named_and_kept():
             results = list(pool.map(run_case, cases))
     finally:
         _rmtree(base)
-    counts = h.COUNTS[TARGET]
-    for case, result in zip(cases, results):
-        counts["cases"] += 1
-        counts[result["outcome"]] += 1
-        if result["outcome"] not in ("ok", "refused") and len(h.EXAMPLES[TARGET]) < 40:
-            h.EXAMPLES[TARGET].append("%s: %s\n    %s" % (result["outcome"], case.label, result["detail"]))
-    bad = {k: counts[k] for k in ("traceback", "hang", "silent", "unclear", "false_refusal") if counts[k]}
-    assert counts["cases"] >= EXAMPLES, "only %d cases" % counts["cases"]
-    assert counts["refused"] >= EXAMPLES // 2, "too few refusals: the harness exercises too little (%s)" % dict(counts)
+    counts, bad = tally(TARGET, cases, results, EXAMPLES)
     assert counts["ok"] >= len(VALID), "the valid variants were not all restored (%s)" % dict(counts)
     assert not bad, "%s: %s\n%s" % (TARGET, bad, "\n".join(h.EXAMPLES[TARGET]))
 
