@@ -136,7 +136,7 @@ def build(data, root: str, variant: Optional[str] = None) -> Case:
         value = data.draw(st.sampled_from([v for v in NUMERIC_BAD if not isinstance(v, int) or isinstance(v, bool)]
                                           + [-1]), label="value")  # fmt: skip
         _dump(path, dict(valid, **{key: value}))
-        names = [path] if isinstance(value, str) and value in RAW else [path, key]  # NaN, 1e400: no key named
+        names = [path] if _reader_refuses(value) else [path, key]
         return Case(argv, root, path, names, label="%s=%r" % (key, value), before=_bytes(path), damaged="*")
     if where == "list":
         value = data.draw(st.sampled_from([{"sda": 4096}, "sda", None, 5, True]), label="devices")
@@ -155,14 +155,21 @@ def build(data, root: str, variant: Optional[str] = None) -> Case:
     else:
         value = data.draw(st.sampled_from(FIELDS[key]), label="value")
         entries[index] = dict(entry, **{key: value})
-        literal = isinstance(value, str) and value in RAW  # NaN, 1e400: refused by the JSON reader, no key named
-        names = [path] if literal else [path, "devices[%d].%s" % (index, key)]
+        names = [path] if _reader_refuses(value) else [path, "devices[%d].%s" % (index, key)]
     _dump(path, dict(valid, devices=entries))
     label = "devices[%d].%s=%r" % (index, key, value)
     return Case(argv, root, path, names, label=label, before=_bytes(path), damaged=name)
 
 
 VALID = ("as is", "extra key", "no dev", "missing")
+
+
+def _reader_refuses(value: Any) -> bool:
+    """Refused by the record reader itself, which names the file but no key: NaN, Infinity and 1e400
+    (written as bare literals) and whole numbers beyond 64 bits."""
+    if isinstance(value, str):
+        return value in RAW
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) > 1 << 63
 
 
 def _bytes(path: str) -> Optional[bytes]:
