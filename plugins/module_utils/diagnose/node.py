@@ -25,8 +25,8 @@ from ansible_collections.uma.vllm.plugins.module_utils.diagnose import core as _
 from ansible_collections.uma.vllm.plugins.module_utils.diagnose import timeline as _timeline
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import (
     UmaError,
-    read_json,
     read_meminfo,
+    read_record_file,
     read_text,
     require_int,
 )
@@ -94,17 +94,13 @@ TIMELINE_RE = re.compile(r"[A-Za-z0-9_{][A-Za-z0-9._{}-]{0,200}", re.ASCII)
 
 
 def _json_source(path, sources=None, key=None):
-    """JSON from a file, or None when it is missing, unreadable, not JSON or not a mapping."""
-    try:
-        data = read_json(path)
-    except (OSError, ValueError) as exc:
-        if sources is not None:
-            sources[key] = "%s: %s" % (path, getattr(exc, "strerror", None) or exc)
-        return None
-    if data is not None and not isinstance(data, dict):
-        if sources is not None:
-            sources[key] = "%s: not a JSON object (%s)" % (path, type(data).__name__)
-        return None
+    """A JSON object from a node record, or None when it is missing or damaged (not a regular file,
+    a FIFO, not UTF-8 or JSON, NaN/Infinity, a number beyond 64 bits, not an object): read through
+    the node programs' one record reader, the problem named in ``sources`` (the record stays where
+    it is: diagnosis reads, it does not set aside)."""
+    data, problem = read_record_file(path, dict)
+    if problem is not None and sources is not None:
+        sources[key] = "%s: %s" % (path, problem)
     return data
 
 

@@ -24,7 +24,7 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import (
     UmaError,
     atomic_write_json,
     check_path,
-    read_json,
+    read_record_file,
 )
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.systemd import (
     Systemd,
@@ -179,12 +179,12 @@ def guard_command(req: GuardRequest, config: Dict[str, Any], status_file: str) -
     return argv
 
 
-def read_status(path: str) -> Any:
-    """JSON content, or None when missing, unreadable or not JSON (never an exception)."""
-    try:
-        return read_json(path)
-    except (OSError, UnicodeDecodeError):
-        return None
+def read_status(path: str) -> Optional[Dict[str, Any]]:
+    """The guard's status (or the unit's sidecar) as a JSON object, or None when it is missing or
+    damaged: read through the node programs' one record reader (never an exception, never a hang
+    on a FIFO, no symlink followed, no NaN/Infinity or number beyond 64 bits taken)."""
+    value, _problem = read_record_file(path, dict)
+    return value
 
 
 def _pid(value: str) -> int:

@@ -249,16 +249,6 @@ def atomic_write_json(path: str, data: Any, mode: int = 0o644) -> None:
     atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode)
 
 
-def read_json(path: str) -> Optional[Any]:
-    text = read_text(path)
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
 STATE_READ_CAP = 8 << 20  # bytes: no state file of the node programs comes near it
 _SAID: Set[str] = set()
 
@@ -287,6 +277,20 @@ def read_state(
         sys.stderr.write("%s: state file %s %s; %s, starting fresh\n" % (prog, path, problem, _set_aside(path)))
         sys.stderr.flush()
     return None
+
+
+def read_others_record(path: str, kind: type = dict, prog: str = "uma-vllm") -> Optional[Any]:
+    """A record another program owns (the launcher's launch record, a guard's status), read by a
+    program that only reports on it (the textfile collector): the value, or None when it is missing
+    or damaged. A damaged one is left where it is for its owner and for diagnosis (never renamed by
+    a reader) and named once per path and process on stderr (the journal)."""
+    value, problem = read_record_file(path, kind)
+    key = os.path.realpath(path)  # the latest link and its launch's own path: one file, said once
+    if problem is not None and key not in _SAID:
+        _SAID.add(key)
+        sys.stderr.write("%s: record %s %s; left in place for its owner, not read\n" % (prog, path, problem))
+        sys.stderr.flush()
+    return value
 
 
 def read_record_file(

@@ -26,11 +26,11 @@ import sys
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from .common import node_write, parse_fingerprint, read_meminfo, read_state, read_text
+from .common import node_write, parse_fingerprint, read_meminfo, read_others_record, read_text
 from .paths import RUN_DIR, STATE_DIR
 
 MIB = 1 << 20
-PROG = "uma-vllm-textfile"  # a damaged record or guard status is set aside once (read_state), never a traceback
+PROG = "uma-vllm-textfile"  # a damaged record or guard status is named once and left in place, never a traceback
 
 # name -> (type, help). Order is the order in the file.
 METRICS: Dict[str, Tuple[str, str]] = {
@@ -241,7 +241,7 @@ def _kept_records(engine_dir: str) -> List[Dict[str, Any]]:
     except OSError:
         return records
     for name in names:
-        record = read_state(os.path.join(engine_dir, name, "launch.json"), dict, prog=PROG)
+        record = read_others_record(os.path.join(engine_dir, name, "launch.json"), dict, prog=PROG)
         if isinstance(record, dict):
             records.append(record)
     return records
@@ -268,14 +268,14 @@ def collect(
     guards_seen = set()
     for engine in engines:
         engine_dir = os.path.join(launches, engine)
-        record = read_state(os.path.join(engine_dir, "latest", "launch.json"), dict, prog=PROG)
+        record = read_others_record(os.path.join(engine_dir, "latest", "launch.json"), dict, prog=PROG)
         kept = _kept_records(engine_dir)
         if not isinstance(record, dict):
             record = kept[-1] if kept else None
         if record is None:
             continue
         out += launch_samples(engine, record, kept)
-        status = read_state(os.path.join(run_dir, "guard-%s.json" % engine), dict, prog=PROG)
+        status = read_others_record(os.path.join(run_dir, "guard-%s.json" % engine), dict, prog=PROG)
         if not isinstance(status, dict):
             status = record.get("guard_status") if isinstance(record.get("guard_status"), dict) else None
         if status:
@@ -288,7 +288,7 @@ def collect(
     for name in names:  # a guard running for an engine with no launch record yet
         if name.startswith("guard-") and name.endswith(".json"):
             engine = name[len("guard-") : -len(".json")]
-            status = read_state(os.path.join(run_dir, name), dict, prog=PROG)
+            status = read_others_record(os.path.join(run_dir, name), dict, prog=PROG)
             if engine not in guards_seen and isinstance(status, dict):
                 out += guard_samples(engine, status)
     try:

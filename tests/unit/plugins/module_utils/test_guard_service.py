@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import pytest
@@ -126,3 +127,30 @@ def test_validate_names_the_modules_option(guard):
     with pytest.raises(UmaError) as err:
         svc.validate(request(interval=0.001))
     assert err.value.option == "interval" and "is below 0.01 s" in err.value.message
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, "fifo", '{"state": "running", "rss": NaN}', '{"samples": 1e400}', "[1, 2]", '{"state": "running"'],
+)
+def test_read_status_takes_no_damaged_status_and_never_hangs(tmp_path, content):
+    """Issue 36 item 4: the guard's status and the unit's sidecar are read through the node programs'
+    one record reader: a FIFO at the path is not opened (it hung the module), NaN/1e400, a list and a
+    truncated object are no status (None), a missing one is None too."""
+    path = tmp_path / "guard-x.json"
+    if content == "fifo":
+        os.mkfifo(str(path))
+    elif content is not None:
+        path.write_text(content)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("read_status hung on %r" % content))
+    signal.alarm(10)
+    try:
+        assert svc.read_status(str(path)) is None
+    finally:
+        signal.alarm(0)
+
+
+def test_read_status_returns_a_whole_status(tmp_path):
+    path = tmp_path / "guard-x.json"
+    path.write_text('{"state": "running", "evictions": 3}')
+    assert svc.read_status(str(path)) == {"state": "running", "evictions": 3}

@@ -139,14 +139,44 @@ READERS = [
     ("watchdog events.json", "state/watchdog/main/events.json", list, _read_watchdog_events),
     ("launch lock holder", "run/launch.lock.holder", dict, _read_lock_holder),
     ("guard status (launcher)", "state/launches/e1/r1/guard.json", dict, _read_guard_status),
+]
+
+
+def _cases(readers):
+    return [
+        pytest.param(relative, kind, read, damage, make, id="%s: %s" % (name, damage))
+        for name, relative, kind, read in readers
+        for damage, make in damage_cases(kind)
+    ]
+
+
+CASES = _cases(READERS)
+# Records the textfile collector only reports on (the launcher's, a guard's): named once, left in place
+OTHERS = [
     ("launch record (textfile collector)", "state/launches/e1/r1/launch.json", dict, _read_metrics),
     ("guard status (textfile collector)", "run/guard-e1.json", dict, _read_metrics),
 ]
-CASES = [
-    pytest.param(relative, kind, read, damage, make, id="%s: %s" % (name, damage))
-    for name, relative, kind, read in READERS
-    for damage, make in damage_cases(kind)
-]
+OTHER_CASES = _cases(OTHERS)
+
+
+@pytest.mark.parametrize("relative, kind, read, damage, make", OTHER_CASES)
+def test_a_damaged_record_of_another_program_is_named_once_and_left_in_place(
+    tmp_path, capsys, relative, kind, read, damage, make
+):
+    """Issue 36 item 4: the textfile collector renamed the launcher's damaged launch.json (and a guard's
+    status) aside, hiding it from its owner and from oom_diagnose; a reader now leaves it where it is."""
+    path = tmp_path / relative
+    path.parent.mkdir(parents=True)
+    make(path, tmp_path)
+    before = sorted(os.listdir(path.parent))
+    getattr(_common, "_SAID", set()).clear()  # each case is a new start of the program
+    read(tmp_path, path)
+    read(tmp_path, path)  # the timer's next sample in the same process: said once
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if str(path) in line]
+    assert "Traceback" not in err
+    assert len(said) == 1 and "left in place for its owner, not read" in said[0], err
+    assert sorted(os.listdir(path.parent)) == before  # nothing renamed, nothing written beside it
 
 
 @pytest.mark.parametrize("relative, kind, read, damage, make", CASES)

@@ -9,6 +9,7 @@ import http.server
 import json
 import os
 import pathlib
+import signal
 import sys
 import threading
 import xml.etree.ElementTree as ET
@@ -252,3 +253,36 @@ def test_missing_or_garbled_watchdog_records_are_never_a_failure(run_module, tmp
     assert not failed, result.get("msg")
     assert said in result["sources"]["watchdog:tiny"]
     assert "Traceback" not in json.dumps(result)
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        ("fifo", "is not a regular file (a special file)"),
+        ("nan", "is not valid JSON"),
+        ("1e400", "is not valid JSON"),
+        ("list", "holds a JSON list, not a JSON object"),
+    ],
+)
+def test_a_damaged_launch_record_is_named_and_left_in_place(run_module, tmp_path, damage, said):
+    """Issue 36 item 4: the launch record is read through the node programs' one record reader -- a
+    FIFO is not opened (it hung the module), NaN and 1e400 are not taken as numbers, and the record
+    stays where it is (diagnosis reads; it does not set aside)."""
+    case = next(c for c in CASES if build_evidence(c).get("launch"))
+    args, engine = lay_out(tmp_path, case)
+    record = tmp_path / "state" / "launches" / engine / "20260101T000000Z" / "launch.json"
+    record.unlink()
+    if damage == "fifo":
+        os.mkfifo(str(record))
+    else:
+        record.write_text({"nan": '{"peak": NaN}', "1e400": '{"peak": 1e400}', "list": "[1, 2]"}[damage])
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("the module hung on the launch record (%s)" % damage))
+    signal.alarm(30)
+    try:
+        failed, result = run_module(oom_diagnose, dict(args, engines=[engine]))
+    finally:
+        signal.alarm(0)
+    assert not failed, result.get("msg")
+    source = result["sources"]["launch:%s" % engine]
+    assert "20260101T000000Z/launch.json: " + said in source, source  # the file, then its problem
+    assert sorted(os.listdir(str(record.parent))) == ["launch.json", "samples.jsonl"]  # nothing set aside
