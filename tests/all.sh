@@ -129,10 +129,15 @@ stage_unit() { python -m pytest -q -p no:cacheprovider -n 2 tests/unit; }
 # --durations: the slowest tests named in the log (where the stage's time goes). First the files
 # marked `alone` (tests/integration/conftest.py: they read state of the whole machine that other
 # tests change, or decide by the wall clock), one at a time; then every other file on two workers,
-# a file per worker (a file's containers and fixtures are its own; no two files share a name).
+# a file per worker (a file's containers and fixtures are its own; no two files share a name),
+# handed out longest first (conftest.py's LONGEST; --no-loadscope-reorder keeps that order: xdist's
+# own sorts by the number of tests and left the ~300 s quick-start test for last, the other worker
+# idle: 672 s; longest first 613 s, 2 Dec 2026. Not the ~505 s the first run's durations promised:
+# the long files now overlap each other and each is slower beside another, 1003 -> 1213 s summed).
 stage_integration() {
   python -m pytest -q -p no:cacheprovider --durations=10 -m alone tests/integration
-  python -m pytest -q -p no:cacheprovider --durations=25 -m "not alone" -n 2 --dist loadfile tests/integration
+  python -m pytest -q -p no:cacheprovider --durations=25 -m "not alone" -n 2 --dist loadfile --no-loadscope-reorder \
+    tests/integration
 }
 
 stage_molecule() {
