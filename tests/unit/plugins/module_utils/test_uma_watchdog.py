@@ -745,10 +745,11 @@ def test_rank1_gone_or_hung_is_detected_by_status_age(tmp_path, nodes, engine, r
         restart = leader.wait_for("restart")
         took = restart["evidence"]["decided_at_epoch_s"] - gone_at
         print("\nrank 1 %s: decided after %.2f s (peer_timeout_s 1 s)" % (fault, took))
-        # not before the status is older than peer_timeout_s (1 s): its age counts from the leader's
-        # last fresh read, up to one leader tick (interval_s 0.2 s) before the fault (seen: 0.96 s
-        # on a loaded machine, when the bound here was 1.0 from the fault)
-        assert 1.0 - 0.2 <= took < 5.0
+        # not while the status is fresh: its age counts from the leader's last fresh read, one leader
+        # tick (interval_s 0.2 s) before the fault on a quiet machine, more when the leader's ticks run
+        # late (seen: 0.96 s, then 0.79 s with the unit tests beside the lab's build on 2 vCPUs). A
+        # decision on the first read that found the peer gone would come within one tick (~0.2 s).
+        assert 0.5 <= took < 5.0
         assert "s old (bound 1 s)" in restart["reason"]
         assert restart["evidence"]["peers_stopped"] == {"acked": [], "missing": ["ai2"]}
     finally:
