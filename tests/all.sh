@@ -123,8 +123,8 @@ stage_static() {
 }
 
 # Two workers (pytest-xdist): the unit tests are CPU-bound and independent (each its own tmp_path);
-# on 2 cores this halves the stage (262 s -> ~150 s here).
-stage_unit() { python -m pytest -q -p no:cacheprovider -n 2 tests/unit; }
+# on 2 cores this halves the stage (262 s -> ~150 s here). --durations: the slowest named in the log.
+stage_unit() { python -m pytest -q -p no:cacheprovider --durations=30 -n 2 tests/unit; }
 
 # --durations: the slowest tests named in the log (where the stage's time goes). First the files
 # marked `alone` (tests/integration/conftest.py: they read state of the whole machine that other
