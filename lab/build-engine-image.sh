@@ -126,6 +126,11 @@ for node in "${load_into[@]}"; do
   have_id=$(docker exec "$node" docker image inspect -f '{{.Id}}' "$engine_image" 2>/dev/null || true)
   if [ "$have_id" = "$want_id" ]; then
     log "$node has $engine_image"
+  elif [ "$(docker exec "$node" docker image inspect -f '{{.Id}}' "$want_id" 2>/dev/null || true)" = "$want_id" ]; then
+    # the same image under another name: pulled from the lab registry (lab/registry.sh) by the
+    # quick-start test's run, as REGISTRY/uma-lab/vllm-cpu:TAG
+    docker exec "$node" docker tag "$want_id" "$engine_image"
+    log "$node has $engine_image (tagged: the node pulled the same image from the lab registry)"
   else
     need+=("$node")
   fi

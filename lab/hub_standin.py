@@ -31,10 +31,10 @@ authorised - never the token itself).
 
 With ``cdn=True`` (``--cdn``) it redirects as the Hub does: ``GET .../resolve/...`` of an
 LFS file answers ``302`` (with ``X-Repo-Commit``, ``X-Linked-Size``, ``X-Linked-Etag``) to a
-signed URL on another origin (``http://localhost:PORT/cdn/...?sig=...``: the same server
-under another host name), which refuses a request that carries an ``Authorization`` header
-(400, as S3's signed URLs do: a client must not forward the Hub token to a CDN) or a wrong
-signature (403).
+signed URL on another origin (``http://CDN_HOST:PORT/cdn/...?sig=...``: the same server
+under another host name, ``localhost`` unless ``cdn_host`` names one the clients resolve to
+it), which refuses a request that carries an ``Authorization`` header (400, as S3's signed
+URLs do: a client must not forward the Hub token to a CDN) or a wrong signature (403).
 
 What it does NOT do: xet storage, pagination, private repos, datasets/spaces, uploads.
 """
@@ -143,12 +143,18 @@ class HubStandIn(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(
-        self, address: Tuple[str, int], repos: Dict[str, Repo], token: Optional[str] = None, cdn: bool = False
+        self,
+        address: Tuple[str, int],
+        repos: Dict[str, Repo],
+        token: Optional[str] = None,
+        cdn: bool = False,
+        cdn_host: str = "localhost",
     ) -> None:
         super().__init__(address, Handler)
         self.repos = repos
         self.token = token
         self.cdn = cdn
+        self.cdn_host = cdn_host
         self.cdn_key = os.urandom(16)
         # a test sets cut_after: the first whole-file GET of each file ends after that many bytes (a lost
         # connection); the names cut so far are in ``cut``
@@ -233,10 +239,11 @@ class Handler(BaseHTTPRequestHandler):
         return self._file(repo, match.group("path"), head)
 
     def _redirect(self, repo: Repo, name: str, meta: Dict[str, object], head: bool) -> None:
-        """302 to a signed URL on another origin (localhost instead of the endpoint's address), as the Hub does."""
+        """302 to a signed URL on another origin (the cdn_host name instead of the endpoint's address), as the
+        Hub does."""
         path = "/cdn/%s/%s/%s" % (repo.repo_id, repo.commit, name)
         port = self.server.server_address[1]
-        location = "http://localhost:%d%s?sig=%s" % (port, quote(path), self.server.signature(path))
+        location = "http://%s:%d%s?sig=%s" % (self.server.cdn_host, port, quote(path), self.server.signature(path))
         headers = {
             "Location": location,
             "X-Repo-Commit": repo.commit,
@@ -320,10 +327,12 @@ def serve(
     port: int = 0,
     cdn: bool = False,
     host: str = "127.0.0.1",
+    cdn_host: str = "localhost",
 ) -> HubStandIn:
-    """Start the stand-in on host (127.0.0.1) in a background thread; ``.endpoint`` is its URL."""
+    """Start the stand-in on host (127.0.0.1) in a background thread; ``.endpoint`` is its URL. With cdn, LFS
+    files redirect to http://CDN_HOST:PORT/cdn/... (a name the clients resolve to this server)."""
     served = {repo_id: Repo(repo_id, root, repo_id in gated) for repo_id, root in repos.items()}
-    server = HubStandIn((host, port), served, token, cdn)
+    server = HubStandIn((host, port), served, token, cdn, cdn_host)
     threading.Thread(target=server.serve_forever, name="hub-standin", daemon=True).start()
     return server
 

@@ -27,6 +27,8 @@
 #   UMA_LAB_SETUP=0    skip tests/setup.sh (a machine that is set up)
 #   UMA_LAB_MODELS=0   do not mount .cache/lab/models at /models (nodes without any model, as two
 #                      fresh Sparks are: the quick-start test's model comes from the stand-in Hub)
+#   UMA_LAB_ENGINE_LOAD=0  (container runtime) do not load the engine image into the nodes (the
+#                      quick-start test's nodes pull it from the lab registry, lab/registry.sh)
 #
 # Extra arguments go to ansible-playbook, e.g. lab/up.sh --check --diff.
 # On a fresh machine it first runs tests/setup.sh (apt, docker engine, .venv, the collection
@@ -202,7 +204,7 @@ for node in "${nodes[@]}"; do start_node "$node"; done
 for node in "${nodes[@]}"; do
   docker exec "$prefix$node" systemctl is-system-running --wait >/dev/null || true
 done
-if [ "$runtime" = container ]; then
+if [ "$runtime" = container ] && [ "${UMA_LAB_ENGINE_LOAD:-1}" = 1 ]; then
   load=()
   for node in "${nodes[@]}"; do load+=(--load "$prefix$node"); done
   bash lab/build-engine-image.sh "${load[@]}"

@@ -32,6 +32,7 @@ base() {
   command -v shellcheck >/dev/null || need_apt+=(shellcheck)
   command -v nft >/dev/null || need_apt+=(nftables)  # the firewall rules' test (a private netns)
   command -v podman >/dev/null || need_apt+=(podman)  # the container runtime test runs both clients
+  command -v docker-registry >/dev/null || need_apt+=(docker-registry)  # the lab's registry (lab/registry.sh)
   if [ "${#need_apt[@]}" -gt 0 ]; then
     log "apt-get install ${need_apt[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -89,35 +90,15 @@ lab() {
   [ "$want_vllm" = 0 ] || engine_image
 }
 
-# The container runtime's images (lab/build-engine-image.sh) and the 3.9 GB engine image loaded
-# into the lab's node volumes uma-lab-ai{1,2}-docker, which the quick-start test, lab/up.sh --runtime
-# container and molecule/cluster_container use as their image cache (each finds it there and loads
-# nothing). Done here, in tests/all.sh it runs beside the static checks and unit tests instead of
-# inside the integration stage (~4 min measured there). Two throw-away nodes (uma-setup-ai1/2) do
-# the loading; skipped, and said, while another container uses a volume (a running lab's dockerd:
-# a second one on the same /var/lib/docker would corrupt it). The nodes' boot must leave the
-# machine's vm.* knobs as they were (ai1's /proc/sys is writable): checked, and restored if not.
+# The container runtime's images (lab/build-engine-image.sh) and the 3.9 GB engine image pushed into
+# the lab's registry (lab/registry.sh, the stand-in for nvcr.io): the quick-start test's empty nodes
+# pull it from there with the role's own pull, into the lab's node volumes uma-lab-ai{1,2}-docker,
+# where molecule/cluster_container and lab/up.sh --runtime container find it (build-engine-image.sh
+# --load tags it, or loads it where no pull put it there). Before, this step loaded the image into
+# both volumes itself: 222 s beside the unit tests (2 Dec 2026); the push took 86-90 s.
 engine_image() {
-  local node volume users knob before=()
-  for node in ai1 ai2; do
-    volume="uma-lab-$node-docker"
-    users=$(docker ps --filter "volume=$volume" --format '{{.Names}}' | grep -vx "uma-setup-$node" || true)
-    if [ -n "$users" ]; then
-      log "engine image not preloaded: volume $volume is in use by $users (lab/up.sh --down stops a lab)"
-      bash lab/build-engine-image.sh
-      return
-    fi
-  done
-  for knob in /proc/sys/vm/*; do [ -r "$knob" ] && before+=("$knob=$(cat "$knob" 2>/dev/null)"); done
-  log "the container runtime's images, the engine image loaded into the lab's node volumes"
-  UMA_LAB_PREFIX=uma-setup- UMA_LAB_VOLUME_PREFIX="" UMA_LAB_SETUP=0 bash lab/up.sh --runtime container --nodes-only
-  docker rm -f uma-setup-ai1 uma-setup-ai2 >/dev/null
-  for knob in "${before[@]}"; do
-    if [ "$(cat "${knob%%=*}" 2>/dev/null)" != "${knob#*=}" ]; then
-      log "restoring ${knob%%=*} to ${knob#*=} (changed while the loading nodes ran)"
-      echo "${knob#*=}" >"${knob%%=*}" 2>/dev/null || true
-    fi
-  done
+  bash lab/build-engine-image.sh
+  bash lab/registry.sh push "${UMA_LAB_ENGINE_IMAGE:-uma-lab/vllm-cpu:0.32.0}"
 }
 
 [ "$want_base" = 0 ] || base

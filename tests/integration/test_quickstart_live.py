@@ -1,8 +1,8 @@
 """README.md's quick start, followed literally against two lab nodes (issue 21 item 8).
 
-Two systemd lab nodes with Docker inside (``lab/up.sh --runtime container --nodes-only``: the
-image uma-lab/node-docker:bookworm, the engine image uma-lab/vllm-cpu loaded into each node's
-Docker as lab/build-engine-image.sh --load does) stand in for the two DGX Sparks. The test takes
+Two systemd lab nodes with Docker inside (``lab/up.sh --runtime container --nodes-only`` with
+``UMA_LAB_ENGINE_LOAD=0``: the image uma-lab/node-docker:bookworm, no image in either node's Docker)
+stand in for the two DGX Sparks. The test takes
 every command of the README's quick start (tests/integration/_quickstart.py: the block between
 the ``quickstart:begin``/``quickstart:end`` markers) and runs them in the README's order, from a
 copy of this checkout, with HOME in a temporary directory (so ``~/sparks`` is a fresh copy of
@@ -14,7 +14,9 @@ inventories/spark and the collection is installed from the tarball the README bu
 2. the values table: ``LAB_INVENTORY`` below sets each value the README's table names (each one
    checked to hold the published example's value first), the vault file is made from
    ``vault.yml.example`` and ``ansible-vault encrypt``-ed with a password file;
-3. the check-mode run (nothing may exist on the nodes after it) and the run;
+3. the check-mode run (it says what the run will pull; nothing may exist on the nodes after it, no
+   image pulled, no weight downloaded) and the run (each node pulled the engine image from the
+   registry, ai1 downloaded the model, ai2 got it over the cluster link);
 4. ``systemctl status`` of the engine's unit on either node, the ``curl`` (an answer with a completion);
 5. the undo command (the unit is gone, the shared kernel's vm.* values are back).
 
@@ -30,20 +32,31 @@ a 0600 file. The key is the test's own (``ansible_ssh_private_key_file`` and the
 named in hosts.yml: ssh reads ~/.ssh from the account's passwd home, not from the test's HOME).
 
 STAND-INS for what cannot exist here: the nodes are containers on this machine's Docker bridge; no
-GPU, no NGC registry and no 80B model: the engine is the lab's vLLM CPU build (uma-lab/vllm-cpu,
-loaded, not pulled; lab/runtime-container.yml's settings), tensor parallel 2 over the Docker
-bridge (eth0) instead of the ConnectX link. The model is the README's Hub id, from a STAND-IN
+GPU and no 80B model: the engine is the lab's vLLM CPU build (uma-lab/vllm-cpu;
+lab/runtime-container.yml's settings), tensor parallel 2 over the Docker bridge (eth0) instead of
+the ConnectX link. A STAND-IN FOR NGC (nvcr.io): the lab's registry (lab/registry.sh: Debian's
+docker-registry, TLS on this machine's bridge address) holds the engine image, pushed there by
+tests/setup.sh (this test pushes it when the registry lacks it); the inventory names it as
+``ADDRESS/uma-lab/vllm-cpu:0.32.0`` and the role's own ``docker pull`` on each node fetches it. Each
+node's Docker is given the lab's CA (``/etc/docker/certs.d/ADDRESS/ca.crt``), where a Spark trusts
+nvcr.io's public CA already; the image's layers are uncompressed (nvcr.io's are gzip: see
+lab/registry_push.py). The test reads the registry's access log: the check-mode run fetched no
+layer, the run fetched each layer once per node. The model is the README's Hub id, from a STAND-IN
 FOR THE HUB: lab/hub_standin.py on this machine's Docker bridge address serves the lab's tiny
 Llama (.cache/lab/models/tiny-1g, 1 GiB of real safetensors) as ``lab/tiny-llama``
-(``vllm_service_hub_endpoint`` added to the inventory); neither node has a model or
-``huggingface_hub`` (``UMA_LAB_MODELS=0``: nothing mounted at /models). The test checks that the
-check-mode run downloaded nothing (only config.json was read, into memory), that only ai1 asked
-the stand-in for the weights, each file once, and that ai2 got them over the cluster link.
+(``vllm_service_hub_endpoint`` added to the inventory) and, as the Hub does, answers each weight
+file's ``resolve`` with a redirect to a signed URL on another origin, its CDN: the name ``CDN_HOST``,
+which each node's /etc/hosts resolves to the same server (a stand-in for the Hub's CDN and DNS).
+Neither node has a model or ``huggingface_hub`` (``UMA_LAB_MODELS=0``: nothing mounted at
+/models). The test checks that the check-mode run downloaded nothing (only config.json was read,
+into memory), that only ai1 asked the stand-in for the weights, each file once, and fetched each
+weight file from the CDN once, and that ai2 got them over the cluster link.
 
-The engine image (3.9 GB) is loaded into each node's Docker, kept on a named volume:
-``UMA_QUICKSTART_VOLUME_PREFIX`` ('' by default: the lab's own uma-lab-ai{1,2}-docker volumes,
-which lab/up.sh --runtime container fills too) and ``UMA_QUICKSTART_PREFIX`` (node container
-names, default itest-qs-). The test refuses to start while another container uses those volumes.
+Each node's Docker keeps its images on a named volume: ``UMA_QUICKSTART_VOLUME_PREFIX`` ('' by
+default: the lab's own uma-lab-ai{1,2}-docker volumes, emptied of images first, so the engine image
+this test's run pulls is there for molecule/cluster_container and lab/up.sh --runtime container
+afterwards) and ``UMA_QUICKSTART_PREFIX`` (node container names, default itest-qs-). The test
+refuses to start while another container uses those volumes.
 """
 
 from __future__ import annotations
@@ -52,9 +65,11 @@ import json
 import os
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import yaml
@@ -84,6 +99,8 @@ LAB_VALUES = {
     "Qwen/Qwen3-Next-80B-A3B-Instruct": "lab/tiny-llama",
 }
 MODEL = ROOT / ".cache" / "lab" / "models" / "tiny-1g"
+REGISTRY = ROOT / "lab" / "registry.sh"
+CDN_HOST = "cdn.hub-standin.test"
 MODELS_DIR = "/var/lib/uma-vllm/models"
 # The README's quick start, command by command, and what the test does with each (in this order).
 STEPS = [
@@ -153,8 +170,8 @@ def _lab_inventory(ctx):
         ("host_vars/ai2.yml", ["node_prep_sysctl_apply"], None, False),
         ("group_vars/spark.yml", ["node_prep_require_unified_memory"], True, False),  # no GB10 here
         ("group_vars/spark.yml", ["uma_reserve_gib"], None, 4),
-        ("group_vars/spark.yml", ["vllm_service_image"], "nvcr.io/nvidia/vllm:26.05-py3",
-         runtime["vllm_service_image"]),
+        # the lab registry's name of the engine image (a stand-in for nvcr.io)
+        ("group_vars/spark.yml", ["vllm_service_image"], "nvcr.io/nvidia/vllm:26.05-py3", ctx["image"]),
         ("group_vars/spark.yml", ["vllm_service_engines", 0, "model"], "Qwen/Qwen3-Next-80B-A3B-Instruct",
          "lab/tiny-llama"),
         # a stand-in: the Hub is not reachable here (lab/hub_standin.py on the Docker bridge)
@@ -168,8 +185,10 @@ def _lab_inventory(ctx):
         ("group_vars/spark.yml", ["vllm_service_health_timeout_s"], None, 900),
         ("group_vars/spark.yml", ["vllm_service_peer_timeout_s"], None, 300),
     ]  # fmt: skip
+    # the rest of the lab's container settings, but its image (the registry's, above) and its no-pull
+    # (the lab loads its image elsewhere; these nodes pull it with the role's default, as a Spark does)
     for key, value in runtime.items():
-        if key not in ("vllm_service_runtime", "vllm_service_image"):
+        if key not in ("vllm_service_runtime", "vllm_service_image", "vllm_service_pull_image"):
             table.append(("group_vars/spark.yml", [key], None, value))
     return table
 
@@ -207,7 +226,7 @@ def _lab_command(ctx, command):
 
 def step_shell(ctx, command):
     command = _lab_command(ctx, command)
-    _must(_run(ctx, command), command)
+    return _must(_run(ctx, command), command)
 
 
 def step_cd(ctx, command):
@@ -241,14 +260,51 @@ def _installed(node):
     return _docker("exec", node, "sh", "-c", "ls /etc/uma-vllm /etc/systemd/system/uma-vllm@.service", check=False)
 
 
-def _weights_asked(ctx):
-    """The stand-in's GETs of the model's files: (client address, file name)."""
+def _weights_asked(ctx, where="/resolve/"):
+    """The stand-in's GETs of the model's files (``where``: /resolve/ at the Hub, /cdn/ at its CDN): (client
+    address, file name)."""
     return [(entry["client"], str(entry["path"]).rsplit("/", 1)[-1]) for entry in ctx["hub"].log
-            if entry["method"] == "GET" and "/resolve/" in str(entry["path"])]  # fmt: skip
+            if entry["method"] == "GET" and where in str(entry["path"])]  # fmt: skip
+
+
+def _images(node):
+    return _docker("exec", node, "docker", "image", "ls", "-aq").stdout.split()
+
+
+def _registry_requests(ctx):
+    """The registry's requests since the last call: (client address, method, path, status)."""
+    lines = subprocess.run(["bash", str(REGISTRY), "requests"], check=True, capture_output=True, text=True).stdout
+    lines = lines.splitlines()
+    new, ctx["registry_seen"] = lines[ctx.get("registry_seen", 0) :], len(lines)
+    return [tuple(line.split()) for line in new]
+
+
+def _layers(ctx):
+    """The engine image's layer digests, from the registry's manifest (read from this machine)."""
+    repository, tag = ctx["image"].split("/", 1)[1].rsplit(":", 1)
+    port = ctx["image"].split("/", 1)[0].rsplit(":", 1)[1]
+    context = ssl.create_default_context(cafile=str(ROOT / ".cache" / "lab" / "registry" / "certs" / "ca.crt"))
+    request = urllib.request.Request("https://127.0.0.1:%s/v2/%s/manifests/%s" % (port, repository, tag))
+    request.add_header("Accept", "application/vnd.docker.distribution.manifest.v2+json")
+    with urllib.request.urlopen(request, context=context, timeout=30) as response:
+        return sorted(layer["digest"] for layer in json.load(response)["layers"])
+
+
+def _layer_gets(ctx, requests):
+    """(client, layer digest) of each layer fetched (the config blob is read by `docker manifest inspect` too)."""
+    layers = set(_layers(ctx))
+    return sorted((client, path.rsplit("/", 1)[-1]) for client, method, path, status in requests
+                  if method == "GET" and status == "200" and path.rsplit("/", 1)[-1] in layers)  # fmt: skip
 
 
 def step_check_run(ctx, command):
-    step_shell(ctx, command)
+    _registry_requests(ctx)
+    proc = step_shell(ctx, command)
+    for host, node in ctx["nodes"].items():
+        said = "%s: check mode: the run will pull %s (not on the node)" % (host, ctx["image"])
+        assert said in proc.stdout, "the check-mode run did not say the pull on %s:\n%s" % (host, proc.stdout[-4000:])
+        assert _images(node) == [], "the check-mode run pulled an image on %s" % node
+    assert _layer_gets(ctx, _registry_requests(ctx)) == [], "the check-mode run fetched image layers"
     for node in ctx["nodes"].values():
         probe = _installed(node)
         assert probe.returncode != 0, "the check-mode run left files on %s: %s" % (node, probe.stdout)
@@ -256,6 +312,7 @@ def step_check_run(ctx, command):
         assert models.returncode != 0, "the check-mode run made %s on %s: %s" % (MODELS_DIR, node, models.stdout)
     # the plan of the model not downloaded yet read its config.json (into memory), nothing else
     assert {name for _client, name in _weights_asked(ctx)} == {"config.json"}, ctx["hub"].log
+    assert _weights_asked(ctx, "/cdn/") == [], ctx["hub"].log
 
 
 def step_run(ctx, command):
@@ -266,9 +323,20 @@ def step_run(ctx, command):
     # ai1 (rank 0) downloaded every file once; ai2 never asked the Hub: it copied them over the link
     assert sorted(name for _client, name in asked) == files, asked
     assert {client for client, _name in asked} == {ctx["addrs"]["ai1"]}, asked
+    # the weights (the Hub's LFS files) came from the CDN the Hub redirected to, each once, to ai1 only
+    lfs = sorted(name for name, meta in ctx["hub"].repos["lab/tiny-llama"].files.items() if meta["lfs"])
+    assert lfs and any(name.endswith(".safetensors") for name in lfs), lfs
+    assert sorted(_weights_asked(ctx, "/cdn/")) == [(ctx["addrs"]["ai1"], name) for name in lfs], ctx["hub"].log
     script = "cd %s/lab/tiny-llama && sha256sum %s" % (MODELS_DIR, " ".join(files))
     sums = [_docker("exec", node, "sh", "-c", script).stdout for node in ctx["nodes"].values()]
     assert sums[0] == sums[1] and len(sums[0].splitlines()) == len(files), sums
+    # each node pulled the engine image from the lab registry: each layer once per node
+    gets = _layer_gets(ctx, _registry_requests(ctx))
+    assert gets == sorted((ctx["addrs"][host], layer) for host in HOSTS for layer in _layers(ctx)), gets
+    for node in ctx["nodes"].values():
+        digests = _docker("exec", node, "docker", "image", "inspect", "-f", "{{json .RepoDigests}}", ctx["image"])
+        digests = digests.stdout
+        assert ctx["image"].rsplit(":", 1)[0] + "@sha256:" in digests, (node, digests)
 
 
 def step_on_each_node(ctx, command):
@@ -349,8 +417,14 @@ def lab(tmp_path_factory):
         _docker("rm", "-f", nodes[host], check=False)
     knobs = _knobs()
     env = dict(os.environ, UMA_LAB_PREFIX=PREFIX, UMA_LAB_VOLUME_PREFIX=VOLUME_PREFIX, UMA_LAB_SETUP="0",
-               UMA_LAB_MODELS="0")  # fmt: skip
+               UMA_LAB_MODELS="0", UMA_LAB_ENGINE_LOAD="0")  # fmt: skip
+    engine_image = yaml.safe_load((ROOT / "lab" / "runtime-container.yml").read_text())["vllm_service_image"]
     started = time.monotonic()
+    # the registry holds the engine image (tests/setup.sh pushed it; pushed here where it did not)
+    pushed = subprocess.run(["bash", str(REGISTRY), "push", engine_image], capture_output=True, text=True,
+                            timeout=900, check=False)  # fmt: skip
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    push_s, started = time.monotonic() - started, time.monotonic()
     hub = None
     up = subprocess.run(
         ["bash", str(ROOT / "lab" / "up.sh"), "--runtime", "container", "--nodes-only"],
@@ -374,6 +448,14 @@ def lab(tmp_path_factory):
             with os.fdopen(fd, "w") as handle:
                 handle.write(secret + "\n")
         addrs = {host: _addr(name) for host, name in nodes.items()}
+        registry = subprocess.run(["bash", str(REGISTRY), "address"], check=True, capture_output=True,
+                                  text=True).stdout.strip()  # fmt: skip
+        for node in nodes.values():
+            # a fresh Spark's Docker has no image; it trusts nvcr.io's CA (a stand-in: the lab's CA)
+            emptied = "docker ps -aq | xargs -r docker rm -f; docker image ls -aq | xargs -r docker rmi -f"
+            _docker("exec", node, "sh", "-c", emptied, timeout=300)
+            assert _images(node) == [], "%s: images left in its Docker: %s" % (node, _images(node))
+            subprocess.run(["bash", str(REGISTRY), "trust", node], check=True, capture_output=True)
         up_s, owner_started = time.monotonic() - started, time.monotonic()
         _ssh_owner(home, nodes, addrs)
         owner_s = time.monotonic() - owner_started
@@ -381,11 +463,15 @@ def lab(tmp_path_factory):
         child = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_") and k != "PYTHONPATH"}
         child.update(HOME=str(home), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
         gateway = _bridge_gateway(nodes[HOSTS[0]])
-        hub = hub_standin.serve({"lab/tiny-llama": str(MODEL)}, host=gateway)
+        hub = hub_standin.serve({"lab/tiny-llama": str(MODEL)}, host=gateway, cdn=True, cdn_host=CDN_HOST)
+        for node in nodes.values():
+            # the Hub's CDN is another origin, found by name (a stand-in: this server, by the node's hosts file)
+            _docker("exec", node, "sh", "-c", "echo '%s %s' >> /etc/hosts" % (gateway, CDN_HOST))
         ctx = {
             "home": home, "checkout": checkout, "env": child, "nodes": nodes, "knobs": knobs, "hub": hub,
-            "addrs": addrs,
-            "timings": ["%6.1f s  lab/up.sh --runtime container --nodes-only" % up_s,
+            "addrs": addrs, "image": "%s/%s" % (registry, engine_image),
+            "timings": ["%6.1f s  lab/registry.sh push %s (the lab registry holds it)" % (push_s, engine_image),
+                        "%6.1f s  lab/up.sh --runtime container --nodes-only (no image in either node)" % up_s,
                         "%6.1f s  sshd and the owner's sudo account on both nodes (what a Spark has)" % owner_s],
         }  # fmt: skip
         yield ctx
