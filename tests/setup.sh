@@ -41,6 +41,9 @@ base() {
   fi
   # The prometheus package would start a server; the tests only want promtool.
   systemctl disable --now prometheus >/dev/null 2>&1 || pkill -x prometheus 2>/dev/null || true
+  # Likewise the docker-registry package's own service (port 5000, htpasswd auth) where systemd runs:
+  # the lab starts its own registry (lab/registry.sh), which a re-run of this script must not stop.
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
 
   if ! docker info >/dev/null 2>&1; then
     log "starting dockerd"
