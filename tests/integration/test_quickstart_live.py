@@ -280,7 +280,13 @@ def _registry_requests(ctx):
 
 
 def _layers(ctx):
-    """The engine image's layer digests, from the registry's manifest (read from this machine)."""
+    """The engine image's layer digests, from the registry's manifest (read from this machine, once)."""
+    if "layers" not in ctx:
+        ctx["layers"] = _read_layers(ctx)
+    return ctx["layers"]
+
+
+def _read_layers(ctx):
     repository, tag = ctx["image"].split("/", 1)[1].rsplit(":", 1)
     port = ctx["image"].split("/", 1)[0].rsplit(":", 1)[1]
     context = ssl.create_default_context(cafile=str(ROOT / ".cache" / "lab" / "registry" / "certs" / "ca.crt"))
