@@ -12,6 +12,10 @@
 #   lab/registry.sh push IMAGE     start it, and push this machine's IMAGE into it as ADDRESS/IMAGE,
 #                                  unless it holds that image already (same config digest): its
 #                                  layers uncompressed (lab/registry_push.py, the registry's HTTP API)
+#   lab/registry.sh retag REPOSITORY:FROM TO KEY=VALUE
+#                                  publish as REPOSITORY:TO the registry's REPOSITORY:FROM with the label
+#                                  KEY=VALUE added to its config: another image Id on the same layers
+#                                  (again with another VALUE: the tag moved, as a nightly's does)
 #   lab/registry.sh address        print ADDRESS (the bridge's address:port, what the nodes pull from)
 #   lab/registry.sh trust NODE     give lab node container NODE the lab CA for ADDRESS (its Docker)
 #   lab/registry.sh requests       print the registry's requests so far: "REMOTE METHOD PATH STATUS"
@@ -135,6 +139,19 @@ push() {
   log "pushed $image as $(bridge_addr):$port/$image in ${SECONDS} s"
 }
 
+retag() {
+  local from=$1 to=$2 label=$3 repository
+  [[ $from =~ ^[a-z0-9][a-z0-9._/-]*:[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] \
+    || die "retag: '$from' is not REPOSITORY:TAG (e.g. uma-lab/vllm-cpu:0.32.0)"
+  [[ $to =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]*$ ]] || die "retag: '$to' is not a tag (letters, digits, _ . -)"
+  [[ $label =~ ^[a-z0-9][a-z0-9._-]*=[A-Za-z0-9_.:-]*$ ]] || die "retag: '$label' is not KEY=VALUE (e.g. uma.lab.build=2)"
+  start
+  repository=${from%:*}
+  [ -n "$(held_config "$repository" "${from##*:}")" ] || die "retag: the registry holds no $from (lab/registry.sh push $from)"
+  python3 "$here/registry_push.py" --retag "$repository" "${from##*:}" "$to" "$label" "127.0.0.1:$port" "$dir/certs/ca.crt" >&2 \
+    || die "retag: $repository:$to not published (above)"
+}
+
 trust() {
   local node=$1 addr
   addr=$(bridge_addr)
@@ -152,6 +169,7 @@ requests() {
 case "${1:-}" in
   start) start ;;
   push) [ $# -eq 2 ] || die "push takes one IMAGE (NAME:TAG)"; push "$2" ;;
+  retag) [ $# -eq 4 ] || die "retag takes REPOSITORY:FROM TO KEY=VALUE"; retag "$2" "$3" "$4" ;;
   address) echo "$(bridge_addr):$port" ;;
   trust) [ $# -eq 2 ] || die "trust takes one lab node container name"; trust "$2" ;;
   requests) requests ;;

@@ -10,12 +10,19 @@ and checked against its digest and the image config's diff_ids, the layers unpac
 nvcr.io: its layers are gzip-compressed (the node's pull gunzips them), here they are not.
 
     python3 lab/registry_push.py IMAGE 127.0.0.1:PORT CA_FILE
+    python3 lab/registry_push.py --retag REPOSITORY FROM_TAG TO_TAG KEY=VALUE 127.0.0.1:PORT CA_FILE
+
+``--retag`` publishes under TO_TAG the image FROM_TAG names in the registry with one label more (or
+changed) in its config: another config, so another image Id, on the same layers (nothing of the layers
+sent again). Run again with another VALUE, TO_TAG moves, as a nightly or ``latest`` moves when its
+publisher pushes a new build: what a pull policy ``always`` is for (issue 34 item 5).
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import io
 import json
 import posixpath
 import ssl
@@ -57,7 +64,7 @@ class Registry:
         try:
             conn.request(method, path, body=body, headers=headers or {})
             response = conn.getresponse()
-            text = response.read()
+            text = response.body = response.read()
             if response.status not in want:
                 said = text[:500].decode("utf-8", "replace")
                 raise SystemExit("registry_push: %s %s answered %d: %s" % (method, path, response.status, said))
@@ -129,7 +136,36 @@ def push(image, address, cafile):
     print("%s: config %s, %d layers, %.2f GB" % (image, config_digest, len(document["layers"]), total / 1e9))
 
 
+def retag(repository, from_tag, to_tag, label, address, cafile):
+    key, sep, value = label.partition("=")
+    if not sep or not key:
+        raise SystemExit("registry_push: --retag's label %r is not KEY=VALUE" % label)
+    registry = Registry(address, cafile)
+    document = json.loads(registry.request(
+        "GET", "/v2/%s/manifests/%s" % (repository, from_tag), headers={"Accept": MANIFEST}).body)  # fmt: skip
+    if document.get("mediaType") != MANIFEST:
+        raise SystemExit("registry_push: %s:%s is not a Docker schema-2 manifest" % (repository, from_tag))
+    config = json.loads(registry.request("GET", "/v2/%s/blobs/%s" % (repository, document["config"]["digest"])).body)
+    labels = dict((config.get("config") or {}).get("Labels") or {})
+    labels[key] = value
+    config.setdefault("config", {})["Labels"] = labels
+    body = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    digest, size = registry.upload(repository, io.BytesIO(body), len(body))
+    document["config"] = dict(document["config"], digest=digest, size=size)
+    registry.request(
+        "PUT", "/v2/%s/manifests/%s" % (repository, to_tag), body=json.dumps(document).encode(),
+        headers={"Content-Type": MANIFEST}, want=(201,),
+    )  # fmt: skip
+    print("%s:%s: config %s (%s:%s with %s)" % (repository, to_tag, digest, repository, from_tag, label))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit("usage: registry_push.py IMAGE 127.0.0.1:PORT CA_FILE")
-    push(*sys.argv[1:])
+    if len(sys.argv) == 8 and sys.argv[1] == "--retag":
+        retag(*sys.argv[2:])
+    elif len(sys.argv) == 4:
+        push(*sys.argv[1:])
+    else:
+        raise SystemExit(
+            "usage: registry_push.py IMAGE 127.0.0.1:PORT CA_FILE\n"
+            "       registry_push.py --retag REPOSITORY FROM_TAG TO_TAG KEY=VALUE 127.0.0.1:PORT CA_FILE"
+        )

@@ -155,5 +155,9 @@ class FilterModule:
             "vllm_service_engine_versions": version.engine_versions,
             "vllm_service_images_arch_errors": version.images_arch_errors,
             "vllm_service_images_to_probe": version.to_probe,
+            "vllm_service_images_to_pull": version.to_pull,
+            "vllm_service_images_moved": version.moved,
+            "vllm_service_image_ids": version.image_ids,
+            "vllm_service_pull_policy": version.pull_policy,
             "vllm_service_version_settings_errors": version.settings_errors,
         }

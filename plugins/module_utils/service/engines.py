@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.checks import SECRET_ENV_RE, SECRET_FLAGS
 from ansible_collections.uma.vllm.plugins.module_utils.node.cluster.ranks import strip_flags
-from ansible_collections.uma.vllm.plugins.module_utils.service import rdma_link
+from ansible_collections.uma.vllm.plugins.module_utils.service import rdma_link, version
 from ansible_collections.uma.vllm.plugins.module_utils.service.base import (
     COPY_PORT_OFFSET,
     DEFAULT_MASTER_PORT,
@@ -333,6 +333,9 @@ def _check_runtime(where: str, engine: Dict[str, Any], settings: Dict[str, Any])
     runtime = engine.get("runtime") or settings.get("runtime")
     if runtime not in ("container", "native"):
         errors.append(_err(where + ".runtime", runtime, "is not container or native", "Use container or native."))
+    if runtime == "container":
+        image_where = where + ".image" if engine.get("image") else "vllm_service_image"
+        errors += version.reference_errors(image_where, engine.get("image") or settings.get("image"))
     if runtime == "container" and not (engine.get("image") or settings.get("image")):
         errors.append(
             _err(where + ".image", engine.get("image"), "is empty while the runtime is container",
@@ -741,6 +744,11 @@ def drop_in(engine: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
         kind = settings.get("container_engine") or "docker"
         binary = settings.get("container_bin") or "/usr/bin/%s" % kind
         out["image"] = engine.get("image") or settings["image"]
+        # the Id the image had on the node when the drop-in was written (issue 34 item 5): a tag
+        # pulled again onto another Id rewrites the drop-in, so every rank restarts once on it
+        image_id = (settings.get("image_ids") or {}).get(out["image"])
+        if image_id:
+            out["image_id"] = str(image_id)
         out["cleanup"] = "%s rm -f %s" % (binary, container_name(engine["name"]))
         if kind == "docker":
             # Wants=, not Requires=: `systemctl restart docker` stops a unit that requires it, and a

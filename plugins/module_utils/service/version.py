@@ -163,6 +163,82 @@ def local_images(results: List[Dict[str, Any]]) -> Dict[str, Dict[str, str]]:
     return out
 
 
+PULL_POLICIES = ("missing", "always", "never")
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def by_digest(image: Any) -> bool:
+    """``name@sha256:<64 hex>``: a reference that cannot move (a pull of it never changes what it names)."""
+    return "@" in str(image)
+
+
+def reference_errors(where: str, image: Any) -> List[str]:
+    """An image reference the role writes into a unit and a ``docker run``: no blank or control
+    character, and a digest that is ``sha256:`` and 64 lowercase hex digits (issue 34 item 5)."""
+    text = "" if image is None else str(image)
+    if not text:
+        return []
+    if any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in text):
+        return ["%s = %s has a blank or control character. Fix: give the reference as the registry shows it,"
+                " e.g. nvcr.io/nvidia/vllm:26.10-py3." % (where, json.dumps(text))]  # fmt: skip
+    if "@" in text:
+        name, _sep, digest = text.partition("@")
+        if not name or not DIGEST_RE.match(digest):
+            return ["%s = %s is not NAME@sha256:<64 lowercase hex digits>. Fix: copy the digest from `docker"
+                    " image inspect -f '{{.RepoDigests}}'` or the registry, e.g. nvcr.io/nvidia/vllm@sha256:..."
+                    % (where, json.dumps(text))]  # fmt: skip
+    return []
+
+
+def pull_policy(policy: Any, pull_image: Any = True) -> str:
+    """The pull policy in force: ``vllm_service_pull_image: false`` (the older switch) is ``never``."""
+    if str(pull_image).lower() in ("false", "no", "0"):
+        return "never"
+    return str(policy)
+
+
+def policy_errors(policy: Any) -> List[str]:
+    if str(policy) not in PULL_POLICIES:
+        return ["vllm_service_pull_policy = %s is not one of %s. Fix: missing (pull an image the node lacks),"
+                " always (pull every run; an engine restarts where its tag moved) or never."
+                % (json.dumps(policy), ", ".join(PULL_POLICIES))]  # fmt: skip
+    return []
+
+
+def to_pull(local: List[Dict[str, Any]], policy: str) -> List[Dict[str, Any]]:
+    """The images to pull under ``policy``, from the ``image inspect`` loop's results: ``missing``
+    the images not on the node; ``always`` those and every image on the node named by a tag (one
+    named by digest cannot move); ``never`` none. Each: ``{"image", "id"}`` (``id``: on the node
+    before the pull, None where it is missing)."""
+    if policy == "never":
+        return []
+    found = local_images(local)
+    out = []
+    for result in local or []:
+        image = str((result.get("item") or {}).get("image"))
+        here = found.get(image)
+        if here is None or (policy == "always" and not by_digest(image)):
+            out.append({"image": image, "id": here["id"] if here else None})
+    return out
+
+
+def moved(pulled: List[Dict[str, Any]], after: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The images that were on the node and now have another Id (their tag moved, the pull fetched
+    the new one): ``{"image", "from", "to"}`` each; the engines on them restart (the drop-in names the Id)."""
+    now = local_images(after)
+    out = []
+    for item in pulled or []:
+        new = (now.get(item["image"]) or {}).get("id")
+        if item.get("id") and new and new != item["id"]:
+            out.append({"image": item["image"], "from": item["id"], "to": new})
+    return out
+
+
+def image_ids(local: List[Dict[str, Any]]) -> Dict[str, str]:
+    """{image: Id} of the images on the node (for the engines' drop-ins: a changed Id restarts them)."""
+    return {image: found["id"] for image, found in local_images(local).items()}
+
+
 def split_reference(image: str) -> Tuple[str, Optional[str]]:
     """``registry/path/name:tag`` -> (repository, tag); a digest reference or no tag -> (repository, None)."""
     if "@" in image:
@@ -432,7 +508,10 @@ def image_versions(
             )
             continue
         if not image_id:
-            reason = "the image is not on the node (not pulled in check mode or with vllm_service_pull_image false)"
+            reason = (
+                "the image is not on the node (not pulled in check mode, or the pull policy is never:"
+                " vllm_service_pull_policy never or vllm_service_pull_image false)"
+            )
         elif image in by_image:
             version, _dist = parse_probe(by_image[image].get("stdout"))
             if version is None:
@@ -444,9 +523,11 @@ def image_versions(
     return out
 
 
-def settings_errors(declared: Any, image_python: Any, check_arch: Any, native_python: Any = None) -> List[str]:
+def settings_errors(
+    declared: Any, image_python: Any, check_arch: Any, native_python: Any = None, pull: Any = "missing"
+) -> List[str]:
     """The new variables' refusals (before anything changes on a node)."""
-    errors = []
+    errors = policy_errors(pull)
     if declared not in (None, ""):
         try:
             versions.parse_version("vllm_service_vllm_version", str(declared))

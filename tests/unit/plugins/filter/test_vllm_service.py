@@ -96,6 +96,18 @@ CHECKS = [
     ("overlap", [engine(env={"HF_TOKEN": "a"}, secrets={"HF_TOKEN": "b"})], NATIVE, "are also in env"),
     ("no image", [engine()], dict(DOCKER, image=""), "is empty while the runtime is container"),
     (
+        "a bad digest",
+        [engine()],
+        dict(DOCKER, image="reg.test/vllm@sha256:abc"),
+        'vllm_service_image = "reg.test/vllm@sha256:abc" is not NAME@sha256:',
+    ),
+    (
+        "a blank in an engine's image",
+        [engine(image="x:1 --privileged")],
+        DOCKER,
+        'vllm_service_engines[e].image = "x:1 --privileged" has a blank',
+    ),
+    (
         "podman shm-size",
         [engine()],
         dict(DOCKER, container_engine="podman", container_options=["--shm-size=1g"]),
@@ -546,6 +558,9 @@ def test_drop_in_for_each_runtime():
     # stay down); molecule/cluster_container's restart-docker drill proves the engine comes back
     assert d["requires"] == []
     assert d["cleanup"] == "/usr/bin/docker rm -f uma-vllm-e" and d["image"] == DOCKER["image"]
+    assert "image_id" not in d  # the image is not on the node (check mode before a pull)
+    pinned = vs.drop_in(one("ai1"), dict(DOCKER, image_ids={DOCKER["image"]: "sha256:" + "e" * 64}))
+    assert pinned["image_id"] == "sha256:" + "e" * 64  # a tag pulled onto another Id rewrites the drop-in
     podman = vs.drop_in(one("ai1"), dict(DOCKER, container_engine="podman", container_bin="/usr/bin/podman"))
     assert podman["after"] == [] and podman["cleanup"] == "/usr/bin/podman rm -f uma-vllm-e"
 

@@ -263,6 +263,8 @@ def test_arch_refused_before_the_pull_and_on_the_local_image():
         ((None, ["python3"], True), "vllm_service_image_python"),
         ((None, "python3", "maybe"), "vllm_service_check_image_arch"),
         ((None, "python3", True, "bin/python"), "vllm_service_native_python"),
+        ((None, "python3", True, None, "always"), None),
+        ((None, "python3", True, None, "sometimes"), 'vllm_service_pull_policy = "sometimes" is not one of'),
     ],
 )
 def test_settings_errors(args, fragment):
@@ -271,3 +273,73 @@ def test_settings_errors(args, fragment):
         assert errors == []
     else:
         assert len(errors) == 1 and fragment in errors[0]
+
+
+# --------------------------------------------------------------------------- pull policy (issue 34 item 5)
+OLD = "sha256:" + "a" * 64
+NEW = "sha256:" + "b" * 64
+PINNED = "reg.test/vllm@sha256:" + "c" * 64
+
+
+def _inspected(*images):
+    """``image inspect`` loop results: (image, Id or None where it is not on the node)."""
+    return [
+        {"item": {"image": image}, "rc": 0, "stdout": "%s arm64" % found} if found else
+        {"item": {"image": image}, "rc": 1, "stdout": "", "stderr": "No such image"}
+        for image, found in images
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "want"),
+    [
+        ("missing", [("reg.test/vllm:gone", None)]),
+        ("always", [("reg.test/vllm:26.10", OLD), ("reg.test/vllm:gone", None)]),
+        ("never", []),
+    ],
+)
+def test_to_pull_by_policy_a_digest_never_pulled_again(policy, want):
+    local = _inspected(("reg.test/vllm:26.10", OLD), ("reg.test/vllm:gone", None), (PINNED, OLD))
+    assert [(p["image"], p["id"]) for p in v.to_pull(local, policy)] == want
+
+
+def test_a_missing_digest_reference_is_pulled():
+    assert v.to_pull(_inspected((PINNED, None)), "always") == [{"image": PINNED, "id": None}]
+
+
+def test_moved_names_the_tags_pulled_onto_another_id():
+    pulled = [{"image": "reg.test/vllm:26.10", "id": OLD}, {"image": "reg.test/vllm:same", "id": OLD},
+              {"image": "reg.test/vllm:new", "id": None}]  # fmt: skip
+    after = _inspected(("reg.test/vllm:26.10", NEW), ("reg.test/vllm:same", OLD), ("reg.test/vllm:new", NEW))
+    assert v.moved(pulled, after) == [{"image": "reg.test/vllm:26.10", "from": OLD, "to": NEW}]
+    assert v.image_ids(after) == {"reg.test/vllm:26.10": NEW, "reg.test/vllm:same": OLD, "reg.test/vllm:new": NEW}
+
+
+@pytest.mark.parametrize(
+    ("policy", "pull_image", "want"),
+    [("always", True, "always"), ("always", False, "never"), ("missing", "no", "never"), ("missing", "yes", "missing")],
+)
+def test_pull_image_false_is_never(policy, pull_image, want):
+    assert v.pull_policy(policy, pull_image) == want
+
+
+@pytest.mark.parametrize(
+    ("image", "fragment"),
+    [
+        ("nvcr.io/nvidia/vllm:26.10-py3", None),
+        (PINNED, None),
+        ("reg.test/vllm:26.10@sha256:" + "d" * 64, None),
+        ("reg.test/vllm@sha256:" + "C" * 64, "is not NAME@sha256:<64 lowercase hex digits>"),
+        ("reg.test/vllm@sha256:abc", "is not NAME@sha256"),
+        ("@sha256:" + "c" * 64, "is not NAME@sha256"),
+        ("reg.test/vllm:1 --privileged", "has a blank or control character"),
+        ("reg.test/vllm:1\n", "has a blank or control character"),
+    ],
+)
+def test_reference_errors_name_the_option_and_the_fix(image, fragment):
+    errors = v.reference_errors("vllm_service_image", image)
+    if fragment is None:
+        assert errors == []
+    else:
+        assert len(errors) == 1 and errors[0].startswith("vllm_service_image = ") and fragment in errors[0]
+        assert "Fix:" in errors[0]
