@@ -485,7 +485,7 @@ def image_versions(
     (keyed by the image Id), else None with the reason (the image is not on the node).
     ``pulled_by_the_run`` (check mode with pulls on): a missing image gets ``predicted`` /
     ``predicted_from`` (predict_version) instead, for engine_versions."""
-    ids = {image: found["id"] for image, found in local_images(local).items()}
+    ids = image_ids(local)
     by_image = {str((p.get("item") or {}).get("image")): p for p in probed or [] if not p.get("skipped")}
     out = []
     for item in images:
