@@ -89,6 +89,7 @@ def test_an_explicit_version_that_differs_is_refused_naming_both(tmp_path, venv)
         ('    vllm_service_image_python: "python3 -c x"', "vllm_service_image_python"),
         ("    vllm_service_native_python: bin/python", "vllm_service_native_python"),
         ("    vllm_service_check_image_arch: sometimes", "vllm_service_check_image_arch"),
+        ("    vllm_service_pull_policy: sometimes", "vllm_service_pull_policy"),
     ],
 )
 def test_bad_values_are_refused_before_anything(tmp_path, venv, extra, fragment):
