@@ -8,8 +8,9 @@
 #                             of rank 1's watchdog's first failed observation (issue 19), whole restart
 #   watchdog.sh kill-worker   SIGKILL VLLM::Worker_TP1 on rank 1: left to the rank link (exit 69,
 #                             systemd), recorded by the watchdog, no second restart by it
-#   watchdog.sh never-start   rank 0's vLLM can never start (a missing VLLM_LOGGING_CONFIG_PATH):
+#   watchdog.sh never-start [stopped]  rank 0's vLLM can never start (a missing VLLM_LOGGING_CONFIG_PATH):
 #                             bounded attempts, then both ranks stopped, GAVE_UP in systemctl status
+#                             (stopped: the engine is already stopped, e.g. by engine.sh stop: not started first)
 #   watchdog.sh recover       undo never-start: operator start of both ranks, healthy again
 #   watchdog.sh load SECONDS  3 clients generating for SECONDS: 0 restarts, 0 wedges
 #   watchdog.sh floor-fake    the watchdog reads a fake proc root: warning floor -> the model's
@@ -72,12 +73,14 @@ has_event() { [ "$(count "$@")" -ge 1 ]; }
 # a fresh restart window on both nodes (the lab's faults follow each other within minutes, each
 # node's faults in the field hours apart): the watchdogs restarted (their budget of restarts) and the
 # engine units' start limit reset (systemd's own: StartLimitBurst starts per StartLimitIntervalSec)
+# (fresh stopped: of a stopped engine, whose watchdogs then say "stopped")
 fresh() {
+  local phase=${1:-healthy}
   docker exec "$ai1" systemctl reset-failed "$unit"
   docker exec "$ai2" systemctl reset-failed "$unit"
   docker exec "$ai1" systemctl restart "$wd"
   docker exec "$ai2" systemctl restart "$wd"
-  wait_for 30 bash -c "[ \"\$(docker exec $ai1 python3 -c 'import json; print(json.load(open(\"$records/state.json\"))[\"phase\"])')\" = healthy ]"
+  wait_for 30 bash -c "[ \"\$(docker exec $ai1 python3 -c 'import json; print(json.load(open(\"$records/state.json\"))[\"phase\"])')\" = $phase ]"
 }
 oom_kills() { awk '$1 == "oom_kill" {print $2}' /proc/vmstat; }
 decided() { python3 -c 'import json,sys; e=json.loads(sys.stdin.readline()); print(round(e["evidence"]["decided_at_epoch_s"] - float(sys.argv[1]), 2))' "$1"; }
@@ -169,9 +172,18 @@ case "${1:-}" in
     echo "watchdog restarts: 0 (left to the rank link)"
     ;;
   never-start)
-    wait_healthy_completion 120
-    fresh
-    for node in "$ai1" "$ai2"; do docker exec "$node" systemctl stop "$unit"; done
+    if [ "${2:-}" = stopped ]; then
+      # the engine was stopped just before (molecule/cluster: engine.sh stop): both units stopped
+      for node in "$ai1" "$ai2"; do
+        state=$(docker exec "$node" systemctl show -p ActiveState --value "$unit")
+        [ "$state" = inactive ] || [ "$state" = failed ] || { echo "never-start stopped: $unit is $state on $node"; exit 1; }
+      done
+      fresh stopped
+    else
+      wait_healthy_completion 120
+      fresh
+      for node in "$ai1" "$ai2"; do docker exec "$node" systemctl stop "$unit"; done
+    fi
     docker exec "$ai1" mkdir -p /run/systemd/system/$unit.d
     printf '[Service]\nEnvironment=VLLM_LOGGING_CONFIG_PATH=/nonexistent/uma-lab-logging.json\n' |
       docker exec -i "$ai1" tee /run/systemd/system/$unit.d/90-never-start.conf >/dev/null
