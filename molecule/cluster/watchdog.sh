@@ -8,9 +8,9 @@
 #                             of rank 1's watchdog's first failed observation (issue 19), whole restart
 #   watchdog.sh kill-worker   SIGKILL VLLM::Worker_TP1 on rank 1: left to the rank link (exit 69,
 #                             systemd), recorded by the watchdog, no second restart by it
-#   watchdog.sh never-start [stopped]  rank 0's vLLM can never start (a missing VLLM_LOGGING_CONFIG_PATH):
-#                             bounded attempts, then both ranks stopped, GAVE_UP in systemctl status
-#                             (stopped: the engine is already stopped, e.g. by engine.sh stop: not started first)
+#   watchdog.sh never-start   (both ranks stopped, e.g. by engine.sh stop) rank 0's vLLM can never
+#                             start (a missing VLLM_LOGGING_CONFIG_PATH): bounded attempts, then both
+#                             ranks stopped, GAVE_UP in systemctl status
 #   watchdog.sh recover       undo never-start: operator start of both ranks, healthy again
 #   watchdog.sh load SECONDS  3 clients generating for SECONDS: 0 restarts, 0 wedges
 #   watchdog.sh floor-fake    the watchdog reads a fake proc root: warning floor -> the model's
@@ -172,18 +172,13 @@ case "${1:-}" in
     echo "watchdog restarts: 0 (left to the rank link)"
     ;;
   never-start)
-    if [ "${2:-}" = stopped ]; then
-      # the engine was stopped just before (molecule/cluster: engine.sh stop): both units stopped
-      for node in "$ai1" "$ai2"; do
-        state=$(docker exec "$node" systemctl show -p ActiveState --value "$unit")
-        [ "$state" = inactive ] || [ "$state" = failed ] || { echo "never-start stopped: $unit is $state on $node"; exit 1; }
-      done
-      fresh stopped
-    else
-      wait_healthy_completion 120
-      fresh
-      for node in "$ai1" "$ai2"; do docker exec "$node" systemctl stop "$unit"; done
-    fi
+    # from a stopped engine (molecule/cluster: engine.sh stop just before)
+    for node in "$ai1" "$ai2"; do
+      state=$(docker exec "$node" systemctl show -p ActiveState --value "$unit")
+      [ "$state" = inactive ] || [ "$state" = failed ] ||
+        { echo "never-start: $unit is $state on $node; stop the engine first (engine.sh stop $ai1)"; exit 1; }
+    done
+    fresh stopped
     docker exec "$ai1" mkdir -p /run/systemd/system/$unit.d
     printf '[Service]\nEnvironment=VLLM_LOGGING_CONFIG_PATH=/nonexistent/uma-lab-logging.json\n' |
       docker exec -i "$ai1" tee /run/systemd/system/$unit.d/90-never-start.conf >/dev/null
