@@ -135,7 +135,7 @@ stage_static() {
 
 # Two workers (pytest-xdist): the unit tests are CPU-bound and independent (each its own tmp_path);
 # on 2 cores this halves the stage (262 s -> ~150 s here). --durations: the slowest named in the log.
-stage_unit() { python -m pytest -q -p no:cacheprovider --durations=30 -n 2 tests/unit; }
+stage_unit() { python -m pytest -q -rs -p no:cacheprovider --durations=30 -n 2 tests/unit; }
 
 # --durations: the slowest tests named in the log (where the stage's time goes). First the files
 # marked `alone` (tests/integration/conftest.py: they read state of the whole machine that other
@@ -146,8 +146,8 @@ stage_unit() { python -m pytest -q -p no:cacheprovider --durations=30 -n 2 tests
 # idle: 672 s; longest first 613 s, 2 Dec 2026. Not the ~505 s the first run's durations promised:
 # the long files now overlap each other and each is slower beside another, 1003 -> 1213 s summed).
 stage_integration() {
-  python -m pytest -q -p no:cacheprovider --durations=10 -m alone tests/integration
-  python -m pytest -q -p no:cacheprovider --durations=25 -m "not alone" -n 2 --dist loadfile --no-loadscope-reorder \
+  python -m pytest -q -rs -p no:cacheprovider --durations=10 -m alone tests/integration
+  python -m pytest -q -rs -p no:cacheprovider --durations=25 -m "not alone" -n 2 --dist loadfile --no-loadscope-reorder \
     tests/integration
 }
 

@@ -10,6 +10,9 @@ def pytest_terminal_summary(terminalreporter):
     if modules:
         _modules(terminalreporter, modules)
     _nodes(terminalreporter)
+    if harness_core.COUNTS:
+        where = harness_core.SCRATCH or "the system's temp directory"
+        terminalreporter.write_line("the harness's cases were made under %s (%s)" % (where, harness_core.SCRATCH_WHY))
 
 
 def _modules(terminalreporter, modules):

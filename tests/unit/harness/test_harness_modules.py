@@ -895,7 +895,7 @@ class ModelCopy(Target):
         # SERVER_START_S (a copy server still starting); a second is enough here (put back in finish)
         self.server_start_s = _model_copy.SERVER_START_S
         _model_copy.SERVER_START_S = 1.0
-        self.base = tempfile.mkdtemp(prefix="harness-rank0-")
+        self.base = tempfile.mkdtemp(prefix="harness-rank0-", dir=h.SCRATCH)
         snap = os.path.join(self.base, "snap")
         self.files = {}
         for name, blob in self.DATA.items():
@@ -1022,7 +1022,7 @@ def test_bad_inputs(target):
     @SETTINGS
     @given(st.data())
     def case(data):
-        root = tempfile.mkdtemp(prefix="harness-")
+        root = tempfile.mkdtemp(prefix="harness-", dir=h.SCRATCH)
         try:
             args = target.build(root)
             paths = h.make_paths(os.path.join(root, "awkward"))

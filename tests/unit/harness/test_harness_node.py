@@ -476,7 +476,7 @@ def test_node_program_bad_configuration(program):
     h.COUNTS.pop(target, None)
     h.EXAMPLES.pop(target, None)
     cases: List[Case] = []
-    base = tempfile.mkdtemp(prefix="node-harness-")
+    base = tempfile.mkdtemp(prefix="node-harness-", dir=h.SCRATCH)
 
     @SETTINGS
     @given(st.data())

@@ -228,7 +228,7 @@ def test_readahead_record_damaged_every_way_is_named_and_kept():
     h.COUNTS.pop(TARGET, None)
     h.EXAMPLES.pop(TARGET, None)
     cases: List[Case] = []
-    base = tempfile.mkdtemp(prefix="record-harness-")
+    base = tempfile.mkdtemp(prefix="record-harness-", dir=h.SCRATCH)
 
     @settings(SETTINGS, max_examples=EXAMPLES)
     @given(st.data())
@@ -250,7 +250,7 @@ def test_readahead_record_damaged_every_way_is_named_and_kept():
 def test_the_harness_judge_catches_what_it_counts():
     """The judge is not a test that cannot fail: a restorer that deleted a damaged record, wrote a
     guessed value or said nothing is counted as what it is."""
-    root = tempfile.mkdtemp(prefix="record-judge-")
+    root = tempfile.mkdtemp(prefix="record-judge-", dir=h.SCRATCH)
     try:
         case = build(None, root, "as is")
         case.bad, case.names, case.damaged = True, [case.record, "devices[0].original_kb"], "sda"
