@@ -80,10 +80,28 @@ export UMA_REQUIRE_VLLM=1 UMA_REQUIRE_TOOLS=1
 # whatever a test leaves behind, the machine gets its own values back.
 knobs=(/proc/sys/vm/min_free_kbytes /proc/sys/vm/vfs_cache_pressure /proc/sys/vm/dirty_ratio
        /proc/sys/vm/dirty_background_ratio /proc/sys/vm/swappiness /sys/block/*/queue/read_ahead_kb)
+# Their values are also kept in a file of the machine's (not the checkout's, not /tmp's) until the run
+# restores them: a run killed before its exit handler (SIGKILL, a lost VM session) leaves it, and the
+# next run puts those values back before it reads the machine's own.
+knob_record=${UMA_KNOB_RECORD:-/var/tmp/uma-vllm-tests.knobs}
+if [ "${UMA_KEEP_KNOBS:-0}" != 1 ] && [ -s "$knob_record" ]; then
+  echo "[tests] $knob_record: a run before this one ended without restoring the kernel knobs; restoring what it recorded" >&2
+  while IFS='=' read -r knob value; do
+    case $knob in /proc/sys/vm/*|/sys/block/*/queue/read_ahead_kb) ;; *) continue ;; esac
+    [[ $value =~ ^[0-9]+$ ]] || continue
+    [ "$(cat "$knob" 2>/dev/null)" = "$value" ] && continue
+    echo "[tests]   $knob: $(cat "$knob" 2>/dev/null) -> $value" >&2
+    echo "$value" >"$knob" 2>/dev/null || true
+  done <"$knob_record"
+fi
 declare -A saved=()
 for knob in "${knobs[@]}"; do
   [ -r "$knob" ] && saved[$knob]=$(cat "$knob")
 done
+if [ "${UMA_KEEP_KNOBS:-0}" != 1 ]; then
+  for knob in "${!saved[@]}"; do printf '%s=%s\n' "$knob" "${saved[$knob]}"; done >"$knob_record.new" &&
+    mv -f "$knob_record.new" "$knob_record"
+fi
 restore_knobs() {
   local status=$1 knob leaked=0
   for knob in "${!saved[@]}"; do
@@ -93,6 +111,7 @@ restore_knobs() {
       leaked=1
     fi
   done
+  rm -f "$knob_record"
   # a leaked knob is a failure of the run (something did not restore what it changed)
   [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
   exit "$status"

@@ -371,7 +371,9 @@ def test_probes_against_the_engine_stand_in(engine, monkeypatch):
     hung = probes.probe_completion(cfg, "tiny")
     took = time.monotonic() - started
     assert not hung["ok"] and "timed out" in hung["error"]
-    assert 0.4 <= took < 1.5  # the deadline holds against a server that never answers
+    # the deadline (0.5 s) holds against a server that holds the request for 30 s; the upper bound leaves
+    # room for a loaded machine (the CI runs these tests beside the lab's build), not for a missing deadline
+    assert 0.4 <= took < 5.0
     assert SECRET not in json.dumps(hung)
     closed = logic.validate({"engine": "main", "base_url": "http://127.0.0.1:1", "health_timeout_s": 0.5})
     assert not probes.probe_health(closed)["ok"]
