@@ -84,17 +84,27 @@ knobs=(/proc/sys/vm/min_free_kbytes /proc/sys/vm/vfs_cache_pressure /proc/sys/vm
 # restores them: a run killed before its exit handler (SIGKILL, a lost VM session) leaves it, and the
 # next run puts those values back before it reads the machine's own.
 knob_record=${UMA_KNOB_RECORD:-/var/tmp/uma-vllm-tests.knobs}
+declare -A saved=()
+# put_back WHY: every saved knob whose live value differs gets its saved value back, each named;
+# returns 1 when one differed
+put_back() {
+  local knob differed=0
+  for knob in "${!saved[@]}"; do
+    if [ "$(cat "$knob" 2>/dev/null)" != "${saved[$knob]}" ]; then
+      echo "[tests] $1 $knob at $(cat "$knob" 2>/dev/null); restoring ${saved[$knob]}" >&2
+      echo "${saved[$knob]}" >"$knob" 2>/dev/null || true
+      differed=1
+    fi
+  done
+  return "$differed"
+}
 if [ "${UMA_KEEP_KNOBS:-0}" != 1 ] && [ -s "$knob_record" ]; then
   echo "[tests] $knob_record: a run before this one ended without restoring the kernel knobs; restoring what it recorded" >&2
-  while IFS='=' read -r knob value; do
-    case $knob in /proc/sys/vm/*|/sys/block/*/queue/read_ahead_kb) ;; *) continue ;; esac
-    [[ $value =~ ^[0-9]+$ ]] || continue
-    [ "$(cat "$knob" 2>/dev/null)" = "$value" ] && continue
-    echo "[tests]   $knob: $(cat "$knob" 2>/dev/null) -> $value" >&2
-    echo "$value" >"$knob" 2>/dev/null || true
+  while IFS='=' read -r knob value; do  # only the knobs above, only numbers
+    [[ " ${knobs[*]} " == *" $knob "* && $value =~ ^[0-9]+$ ]] && saved[$knob]=$value
   done <"$knob_record"
+  put_back "the run before left" || true
 fi
-declare -A saved=()
 for knob in "${knobs[@]}"; do
   [ -r "$knob" ] && saved[$knob]=$(cat "$knob")
 done
@@ -103,14 +113,8 @@ if [ "${UMA_KEEP_KNOBS:-0}" != 1 ]; then
     mv -f "$knob_record.new" "$knob_record"
 fi
 restore_knobs() {
-  local status=$1 knob leaked=0
-  for knob in "${!saved[@]}"; do
-    if [ "$(cat "$knob" 2>/dev/null)" != "${saved[$knob]}" ]; then
-      echo "[tests] a test left $knob at $(cat "$knob" 2>/dev/null); restoring ${saved[$knob]}" >&2
-      echo "${saved[$knob]}" >"$knob" 2>/dev/null || true
-      leaked=1
-    fi
-  done
+  local status=$1 leaked=0
+  put_back "a test left" || leaked=1
   rm -f "$knob_record"
   # a leaked knob is a failure of the run (something did not restore what it changed)
   [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
