@@ -282,3 +282,10 @@ def test_sigterm_stops_the_container_and_leaves_none(launched):
         (launched["work"] / "state" / "launches" / launched["name"] / "latest" / "launch.json").read_text()
     )
     assert record["healthy_at"] is not None and record["argv"][:3] == [launched["bin"], "run", "--rm"]
+    # vLLM's shared-memory segments: the engine runs with --ipc host, so its message queues (psm_*)
+    # live in this machine's /dev/shm, and vLLM 0.32 leaves them there after a SIGTERM; the launcher
+    # found them in the container's processes' maps and removed them once the container was gone
+    tracked = record.get("shm_tracked") or []
+    assert tracked and all(name.startswith(("psm_", "sem.mp-")) for name in tracked), record.get("shm_tracked")
+    left = [name for name in tracked if os.path.exists(os.path.join("/dev/shm", name))]
+    assert left == [], (left, _log(launched))

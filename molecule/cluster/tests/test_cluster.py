@@ -17,6 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
+from _shm_left import shm_files, sweeps
 from test_multinode_argv import MULTINODE_ORACLE, vllm_argv
 
 NODES = ["cluster-ai1", "cluster-ai2"]
@@ -326,3 +327,15 @@ def test_each_watchdog_locked_its_own_memory_or_says_why(host):
         assert start["locked_kib"] > 1024 and vmlck > 1024, (start, vmlck)
     else:
         assert start["lock_error"].startswith("mlockall: ") and vmlck == 0, (start, vmlck)
+
+
+def test_no_stopped_engine_left_its_shared_memory_on_the_node(host):
+    """The drills (the drift restart, either rank stopped, rank 1's worker SIGKILLed, the watchdog's
+    faults, a reboot) stopped and killed the engine's processes on this node many times; vLLM leaves its
+    psm_*/sem.mp-* segments in /dev/shm when killed. Every one left now is mapped by a running process
+    (the engine that serves), and the launch records show the sweeps that removed the rest."""
+    files = shm_files(host)
+    assert files["left"] == [], files
+    assert files["used"], files  # the serving engine's own segments: the check saw vLLM's files
+    done = sweeps(host)
+    assert any(entry["removed"] > 0 for entry in done), done

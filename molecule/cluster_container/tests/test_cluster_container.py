@@ -6,6 +6,11 @@ and rank 0 answers a completion."""
 from __future__ import annotations
 
 import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tests" / "integration"))
+from _shm_left import shm_files
 
 IMAGE = "uma-lab/vllm-cpu:0.32.0"
 CONTAINER = "uma-vllm-tp2"
@@ -48,3 +53,16 @@ def test_rank_0_answers_a_completion_rank_1_is_headless(host):
         assert json.loads(answer.stdout)["usage"]["completion_tokens"] == 4
     else:
         assert answer.rc != 0, "rank 1 runs headless: no API on its node"
+
+
+def test_no_engine_left_its_shared_memory_on_the_node_and_the_running_one_is_tracked(host):
+    """After the drills (SIGKILL of rank 0's worker and of a launcher, SIGSTOP, Docker restarts, a reboot,
+    changed options and image, stops by hand) no psm_*/sem.mp-* file in the node's /dev/shm (the
+    containers run with --ipc host) is left unmapped, and the running rank's launcher found its vLLM
+    processes' segments below the container's init (the names it removes after a stop)."""
+    files = shm_files(host)
+    assert files["left"] == [], files
+    assert files["used"], files
+    latest = json.loads(host.file("/var/lib/uma-vllm/launches/tp2/latest/launch.json").content_string)
+    tracked = latest.get("shm_tracked") or []
+    assert tracked and set(tracked) & set(files["used"]), (tracked, files)

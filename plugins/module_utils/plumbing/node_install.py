@@ -77,6 +77,9 @@ from ansible_collections.uma.vllm.plugins.module_utils.node.launch import (
 from ansible_collections.uma.vllm.plugins.module_utils.node.launch import (
     program as launch_program,
 )
+from ansible_collections.uma.vllm.plugins.module_utils.node.launch import (
+    shm as launch_shm,
+)
 from ansible_collections.uma.vllm.plugins.module_utils.node.watchdog import (
     counters as watchdog_counters,
 )
@@ -120,6 +123,7 @@ NODE_MODULES = (
     launch_config,
     launch_node,
     launch_program,
+    launch_shm,
     watchdog,
     watchdog_counters,
     watchdog_logic,

@@ -164,8 +164,8 @@ class Launcher:
                "admission_wait_s",
                "guard_interval", "guard_threshold_mib", "guard_max_duration", "readahead_kb",
                "admission_request_bytes", "guard_act_below_free_mib")  # fmt: skip
-    bools = ("evict_after_healthy", "guard", "watch_ranks", "admission")
-    paths = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root", "model_path")
+    bools = ("evict_after_healthy", "guard", "watch_ranks", "admission", "shm_sweep")
+    paths = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root", "model_path", "shm_dir")
     texts = ("engine", "pre_evict", "guard_mode", "health_url", "engine_user", "engine_umask", "command", "env",
              "plan", "cluster", "admission_memory")  # fmt: skip
     # what the roles write into the engine's file (the filter); the rest into the node's launch.json
@@ -200,6 +200,7 @@ class Launcher:
             "guard_act_below_free_mib": "auto",
             "readahead_kb": None,
             "evict_after_healthy": True,
+            "shm_sweep": True,
             "state_dir": os.path.join(root, "state"),
             "lib_dir": NODE_LIB,
             "python": PYTHON,

@@ -522,6 +522,37 @@ class RankLink:
 # This node's rank processes
 
 
+def proc_stat(proc_root: str, pid: Any) -> Optional[Tuple[str, List[str]]]:
+    """(comm, the fields after it: state ppid pgrp ...) of ``<proc_root>/<pid>/stat``, None when the
+    process is gone or the line has no ppid."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "rb") as handle:
+            raw = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses
+    head, _paren, rest = raw.rpartition(")")
+    fields = rest.split()
+    if len(fields) < 2 or not fields[1].isdigit():
+        return None
+    return head.split("(", 1)[-1], fields
+
+
+def process_table(proc_root: str = "/proc") -> Dict[int, Tuple[str, List[str]]]:
+    """{pid: proc_stat(pid)} of every process of ``proc_root`` that has one."""
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return {}
+    out = {}
+    for entry in entries:
+        if entry.isdigit():
+            found = proc_stat(proc_root, entry)
+            if found is not None:
+                out[int(entry)] = found
+    return out
+
+
 def vllm_processes(
     root_pid: int, proc_root: str = "/proc", argv: Any = None, runner: Optional[Callable[..., Any]] = None
 ) -> Dict[int, str]:
@@ -530,25 +561,8 @@ def vllm_processes(
     root_pid = container_root_pid(argv, runner) or root_pid
     children: Dict[int, List[int]] = {}
     names: Dict[int, str] = {}
-    try:
-        entries = os.listdir(proc_root)
-    except OSError:
-        return {}
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(os.path.join(proc_root, entry, "stat"), "rb") as handle:
-                raw = handle.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses
-        head, _paren, rest = raw.rpartition(")")
-        fields = rest.split()
-        if len(fields) < 2 or not fields[1].isdigit():
-            continue
-        pid = int(entry)
-        names[pid] = head.split("(", 1)[-1]
+    for pid, (name, fields) in process_table(proc_root).items():
+        names[pid] = name
         children.setdefault(int(fields[1]), []).append(pid)
     out: Dict[int, str] = {}
     todo = list(children.get(root_pid, []))

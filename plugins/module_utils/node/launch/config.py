@@ -85,6 +85,10 @@ DEFAULTS: Dict[str, Any] = {
     "admission_wait_s": 60.0,
     "proc_root": "/proc",
     "sysfs_root": "/sys",
+    # the engine's POSIX shared-memory segments (vLLM's psm_* queues, sem.mp-* locks) that it left in
+    # this directory when it stopped are removed once its processes are gone (node/launch/shm.py)
+    "shm_dir": "/dev/shm",
+    "shm_sweep": True,
     # least privilege: the launcher keeps root for the node's work (lock, eviction, guard,
     # readahead); the engine process runs as this user (None or root: as the launcher)
     "engine_user": None,
@@ -116,8 +120,8 @@ _DURATIONS = (
     ("peer_stop_grace_s", 0, 86400, False),
     ("admission_wait_s", 0, 86400, False),
 )
-_BOOLEANS = ("evict_after_healthy", "guard", "guard_lock_memory", "watch_ranks", "admission")
-_PATHS = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root")
+_BOOLEANS = ("evict_after_healthy", "guard", "guard_lock_memory", "watch_ranks", "admission", "shm_sweep")
+_PATHS = ("lock_path", "state_dir", "lib_dir", "python", "proc_root", "sysfs_root", "shm_dir")
 READAHEAD_MAX_KB = 4294967295  # the kernel's ceiling for read_ahead_kb (_blockdev.KERNEL_MAX_KB)
 ADMISSION_MEMORY = ("auto", "host", "gpu")  # what admission compares (node/launch/admission.py)
 MAX_REQUEST_BYTES = 1 << 50  # 1 PiB: far above any node's memory, far below a float's precision

@@ -76,6 +76,7 @@ from ..base.common import UmaError, node_write_json, read_state
 from ..cluster import ranks as _ranks
 from ..guard import watch as _guard_watch
 from . import admission as _admission
+from . import shm as _shm
 from .config import (
     DEFAULTS,
     EXIT_ADMISSION,
@@ -121,6 +122,8 @@ GUARD_READY_TIMEOUT_S = 10.0
 PEER_EXPLAINS_S = 2.0
 SERVE_POLL_S = 0.25  # a stop signal reaches the peers within this
 RANKS_LOOK_AGAIN_S = (2.0, 60.0)  # while no rank process was found to watch: look again after 2 s, 4 s ... 60 s
+SHM_LOOK_SERVING_S = 60.0  # once healthy, the engine's shared-memory segments are looked for this often
+SHM_LOOK_WAIT_S = 2.0  # at health and before a stop the launcher waits this long for a look, no longer
 KV_MARKERS = re.compile(
     r"(GPU|CPU) KV cache size|Available KV cache memory|# (GPU|CPU|cpu) blocks|KV cache memory|"
     r"Maximum concurrency for",
@@ -167,6 +170,16 @@ class Launch:
         # why this rank stops when it is not its own engine's exit: (reason, exit code)
         self.failure: Optional[Tuple[str, int]] = None
         self.health_timed_out = False  # wait_healthy gave up at health_timeout_s (exit 124)
+        # the engine's shared-memory segments (node/launch/shm.py), removed when its processes are gone
+        self.shm: Optional[_shm.Segments] = None
+        if config.get("shm_sweep", True):
+            self.shm = _shm.Segments(
+                os.path.join(config["state_dir"], "launches", self.engine_name, _shm.RECORD),
+                config.get("shm_dir", _shm.SHM_DIR), config["proc_root"], config.get("_identity"),
+                config["python"], self.log.line,
+            )  # fmt: skip
+        self._container_root: Optional[int] = None
+        self._shm_look: Optional[threading.Thread] = None
 
     # ---- helpers
     def files(self) -> List[str]:
@@ -339,6 +352,8 @@ class Launch:
                 "preexec_fn": lambda: _engine_child(home),
             }  # fmt: skip
             self.record["engine_user"] = ident["user"]
+        if self.shm is not None:
+            self.shm.started()
         self.engine = subprocess.Popen(
             self.config["command"],
             env=env,
@@ -366,6 +381,67 @@ class Launch:
                 self.record["kv_alloc_at"] = round(time.time(), 3)
                 self.log.line("kv-cache-allocated t=%s (%s)" % (_fmt(self.record["kv_alloc_t"]), line.strip()[-160:]))
 
+    def track_shm(self, force: bool = False, every: Optional[float] = None) -> None:
+        """Note the shared-memory segments the engine's processes map (below the container's init
+        for a container); at most every ``every`` seconds (shm.TRACK_EVERY_S) unless ``force``.
+
+        The look runs in its own thread and the caller waits for it at most SHM_LOOK_WAIT_S (only
+        when ``force``): reading a process's maps waits for its memory map lock, and ``docker
+        inspect`` for the daemon; neither may hold up the launcher's health, peer or stop handling."""
+        if self.shm is None or self.engine is None:
+            return
+        self._shm_into_record()
+        look = self._shm_look
+        if look is not None and look.is_alive():
+            if force:
+                look.join(SHM_LOOK_WAIT_S)
+                self._shm_into_record()
+            return
+        if not force and time.monotonic() - self.shm.last_look < (every or _shm.TRACK_EVERY_S):
+            return
+        self.shm.last_look = time.monotonic()
+        look = threading.Thread(target=self._look_shm, args=(self.engine.pid,), name="shm-look", daemon=True)
+        self._shm_look = look
+        look.start()
+        if force:
+            look.join(SHM_LOOK_WAIT_S)
+            self._shm_into_record()
+
+    def _shm_into_record(self) -> None:
+        """The names the looks found, into the launch record (only the launcher's thread writes it)."""
+        seen = list(self.shm.seen) if self.shm is not None else []
+        if seen and seen[:64] != self.record.get("shm_tracked"):
+            self.record["shm_tracked"] = seen[:64]
+
+    def _look_shm(self, engine_pid: int) -> None:
+        if self.shm is None:
+            return
+        try:
+            if self._container_root is None:  # docker/podman inspect: only when a look is due
+                self._container_root = _ranks.container_root_pid(self.config["command"])
+            new = self.shm.look([engine_pid, self._container_root or 0], force=True)
+        except Exception as err:  # a look that fails never stops the launch
+            self.log.line("shared-memory look failed: %s" % err)
+            return
+        if new:  # the record takes the names at the next track_shm (the launcher's thread)
+            self.log.step("shm-tracked", new=new, segments=len(self.shm.seen))
+
+    def sweep_shm(self, left: bool = False) -> None:
+        """Remove what the engine left in shm_dir once its processes are gone (``left``: what a
+        previous launch of this engine, killed before its own sweep, left)."""
+        if self.shm is None or (left and not self.shm.load_left()):
+            return
+        self._shm_into_record()
+        done = self.shm.sweep(wait_s=0.0 if left else 5.0)
+        if done["removed"] or done["kept"] or done["running"]:
+            fields = {"removed": len(done["removed"]), "mib": round(done["bytes"] / 1048576.0, 1)}
+            if done["kept"]:
+                fields["kept"] = ",".join("%s (%s)" % item for item in sorted(done["kept"].items())[:5])
+            if done["running"]:
+                fields["waiting_for_pids"] = ",".join(str(pid) for pid in done["running"][:5])
+            self.log.step("shm-swept-left" if left else "shm-swept", **fields)
+            self.record.setdefault("shm_swept", []).append(dict(fields, names=done["removed"][:50], left=left))
+
     def wait_healthy(self) -> Tuple[bool, str]:
         deadline = time.monotonic() + self.config["health_timeout_s"]
         started = time.monotonic()
@@ -380,7 +456,9 @@ class Launch:
                 return False, "engine exited with %d before it was healthy" % self.engine.returncode
             if self.health.check():
                 self.log.step("engine-healthy", duration=time.monotonic() - started, url=self.config["health_url"])
+                self.track_shm(force=True)
                 return True, "healthy"
+            self.track_shm()
             if time.monotonic() >= deadline:
                 self.health_timed_out = True
                 return False, "no 200 from %s within %ss" % (self.config["health_url"], self.config["health_timeout_s"])
@@ -393,6 +471,7 @@ class Launch:
     def stop_engine(self) -> None:
         if self.engine is None or self.engine.poll() is not None:
             return
+        self.track_shm(force=True)
         started = time.monotonic()
         self.engine.terminate()
         deadline = started + self.config["stop_timeout_s"]
@@ -498,6 +577,7 @@ class Launch:
                 self.engine.wait(SERVE_POLL_S)
             except subprocess.TimeoutExpired:
                 pass
+            self.track_shm(every=SHM_LOOK_SERVING_S)
             if watch and not watched and time.monotonic() >= next_look:
                 # none found yet (a rank's engine can be healthy before this node's processes took their
                 # VLLM:: names, or the container runtime did not answer): look again until some are found
@@ -571,7 +651,7 @@ class Launch:
         if self.cleaned:
             return
         self.cleaned = True
-        for action in (self.tell_peers, self.stop_engine, self.load_done):
+        for action in (self.tell_peers, self.stop_engine, self.sweep_shm, self.load_done):
             try:
                 action()
             except Exception as err:
@@ -597,6 +677,7 @@ class Launch:
             if self.stop_signal is not None:
                 self.record["exit_code"] = 128 + self.stop_signal
                 return 128 + self.stop_signal
+            self.sweep_shm(left=True)
             self.pre_evict()
             try:
                 admitted = self.admit()

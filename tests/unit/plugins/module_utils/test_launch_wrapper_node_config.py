@@ -60,6 +60,7 @@ BAD = [
     ("launch_wrapper_guard_mode", "guard_mode", "fast", "guard_mode"),
     ("launch_wrapper_evict_after_healthy", "evict_after_healthy", "false", "evict_after_healthy"),
     ("launch_wrapper_guard_lock_memory", "guard_lock_memory", "yes", "guard_lock_memory"),
+    ("launch_wrapper_shm_sweep", "shm_sweep", "yes", "shm_sweep"),
     ("launch_wrapper_guard_act_below_free_mib", "guard_act_below_free_mib", "lots", "guard_act_below_free_mib"),
     ("launch_wrapper_guard_act_below_free_mib", "guard_act_below_free_mib", -1, "guard_act_below_free_mib"),
     ("launch_wrapper_guard_act_below_free_mib", "guard_act_below_free_mib", True, "guard_act_below_free_mib"),

@@ -134,8 +134,20 @@ def _read_metrics(tmp_path, path):
     assert ("uma_vllm_textfile_source_ok", {"source": "launches"}, 1) in samples or "launches" not in str(path)
 
 
+def _read_shm_record(tmp_path, path):
+    # the launcher's note of the engine's shared-memory segments (node/launch/shm.py), read at its start
+    config = uma_launch.validate(uma_launch.merge_config({
+        "engine": "e1", "command": ["true"], "health_url": "http://127.0.0.1:1/health",
+        "state_dir": str(tmp_path / "state"), "lock_path": str(tmp_path / "run" / "launch.lock"),
+    }))  # fmt: skip
+    launch = uma_launch.Launch(config, uma_launch.Log("e1", out=io.StringIO()))
+    launch.sweep_shm(left=True)
+    assert launch.shm.segments == {} and "shm_swept" not in launch.record  # nothing followed, nothing removed
+
+
 READERS = [
     ("watchdog state.json", "state/watchdog/main/state.json", dict, _read_watchdog_state),
+    ("launcher shm/segments.json", "state/launches/e1/shm/segments.json", dict, _read_shm_record),
     ("watchdog events.json", "state/watchdog/main/events.json", list, _read_watchdog_events),
     ("launch lock holder", "run/launch.lock.holder", dict, _read_lock_holder),
     ("guard status (launcher)", "state/launches/e1/r1/guard.json", dict, _read_guard_status),
