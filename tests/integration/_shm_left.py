@@ -4,9 +4,10 @@
 
 vLLM's processes leave their POSIX shared-memory segments (psm_* message queues, sem.mp-* locks)
 in /dev/shm when they are killed (and, with the container runtime's --ipc host, after a SIGTERM
-too); the launcher removes them once the engine's processes are gone (node/launch/shm.py). After
-the scenarios' drills, every such file on a node must be mapped by a process that runs now, and
-the launch records must show the sweeps that removed the others.
+too); the launcher removes them once the engine's processes are gone (node/launch/shm.py; natively
+Python's resource tracker races it for the segments their creators registered). After the
+scenarios' drills, every such file on a node must be mapped by a process that runs now, and the
+running launch must have tracked its engine's own.
 """
 
 from __future__ import annotations
@@ -40,17 +41,10 @@ def shm_files(host):
     return out
 
 
-def sweeps(host, engine="tp2"):
-    """Every shm sweep the node's launch records of ``engine`` name (their shm_swept entries)."""
-    raw = host.check_output(
-        "sh -c 'for f in /var/lib/uma-vllm/launches/%s/*/launch.json; do cat \"$f\"; echo; echo ----; done'" % engine
-    )
-    found = []
-    for chunk in raw.split("\n----\n"):
-        text = chunk.strip().rstrip("-").strip()
-        if text:
-            found.extend(json.loads(text).get("shm_swept") or [])
-    return found
+def latest_tracked(host, engine="tp2"):
+    """The segments the running launch of ``engine`` tracked (its launch record's shm_tracked)."""
+    latest = json.loads(host.file("/var/lib/uma-vllm/launches/%s/latest/launch.json" % engine).content_string)
+    return latest.get("shm_tracked") or []
 
 
 def _quote(text):

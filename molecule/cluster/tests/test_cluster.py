@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / ".cache" / "collections"))
-from _shm_left import shm_files, sweeps
+from _shm_left import latest_tracked, shm_files
 from test_multinode_argv import MULTINODE_ORACLE, vllm_argv
 
 NODES = ["cluster-ai1", "cluster-ai2"]
@@ -333,9 +333,17 @@ def test_no_stopped_engine_left_its_shared_memory_on_the_node(host):
     """The drills (the drift restart, either rank stopped, rank 1's worker SIGKILLed, the watchdog's
     faults, a reboot) stopped and killed the engine's processes on this node many times; vLLM leaves its
     psm_*/sem.mp-* segments in /dev/shm when killed. Every one left now is mapped by a running process
-    (the engine that serves), and the launch records show the sweeps that removed the rest."""
+    (the engine that serves), and the running rank's launcher tracked its engine's own segments.
+
+    Who removed the others is not asserted: natively, Python's resource tracker of the engine unlinks
+    the segments their creators registered once the engine's processes are all gone, and the launcher's
+    sweep (which waits for the same) races it. Seen in the journals, 3 Dec 2026: cluster-ai1's launcher
+    removed segments after 3 of its stops in one run ("shm-swept removed=3", the tracker then warning
+    "No such file" for them) and after none in another (CI, the tracker first each time). The sweep
+    alone (the tracker killed with the engine, as a container's stop kills it) is asserted by
+    tests/integration/test_container_runtime_live.py and the unit tests."""
     files = shm_files(host)
     assert files["left"] == [], files
     assert files["used"], files  # the serving engine's own segments: the check saw vLLM's files
-    done = sweeps(host)
-    assert any(entry["removed"] > 0 for entry in done), done
+    tracked = latest_tracked(host)
+    assert tracked and set(tracked) & set(files["used"]), (tracked, files)

@@ -10,7 +10,7 @@ import pathlib
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tests" / "integration"))
-from _shm_left import shm_files
+from _shm_left import latest_tracked, shm_files
 
 IMAGE = "uma-lab/vllm-cpu:0.32.0"
 CONTAINER = "uma-vllm-tp2"
@@ -63,6 +63,5 @@ def test_no_engine_left_its_shared_memory_on_the_node_and_the_running_one_is_tra
     files = shm_files(host)
     assert files["left"] == [], files
     assert files["used"], files
-    latest = json.loads(host.file("/var/lib/uma-vllm/launches/tp2/latest/launch.json").content_string)
-    tracked = latest.get("shm_tracked") or []
+    tracked = latest_tracked(host)
     assert tracked and set(tracked) & set(files["used"]), (tracked, files)

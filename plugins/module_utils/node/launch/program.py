@@ -419,7 +419,7 @@ class Launch:
         try:
             if self._container_root is None:  # docker/podman inspect: only when a look is due
                 self._container_root = _ranks.container_root_pid(self.config["command"])
-            new = self.shm.look([engine_pid, self._container_root or 0], force=True)
+            new = self.shm.look([engine_pid, self._container_root or 0])
         except Exception as err:  # a look that fails never stops the launch
             self.log.line("shared-memory look failed: %s" % err)
             return

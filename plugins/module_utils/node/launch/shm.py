@@ -9,7 +9,10 @@ semaphores (``/dev/shm/sem.mp-<name>``). An engine that stops unclean - SIGKILL,
 the OOM killer, the launcher's own kill of a rank whose peer is gone, and here even a SIGTERM to a
 container run with ``--ipc host`` - leaves them in the node's tmpfs: about 400 MiB of apparent size
 per stop with the lab's CPU engine (vLLM issue #51579 reports the same of its offload region). On a
-unified-memory node tmpfs pages are the memory the next start's KV cache wants.
+unified-memory node tmpfs pages are the memory the next start's KV cache wants. Python's resource
+tracker unlinks the segments their creators registered once the engine's processes are all gone,
+unless it was killed with them (a container's stop, a cgroup kill): natively, the sweep races it
+and either may remove a segment; the other finds it gone.
 
 What is removed, and only that: a file directly in ``shm_dir`` with one of those two name forms,
 created after this launch started the engine, that one of the engine's own processes (its process
@@ -198,7 +201,7 @@ class Segments:
         self.since: Optional[float] = None
         self.pids: Dict[int, int] = {}
         self.segments: Dict[str, int] = {}
-        self.last_look = 0.0
+        self.last_look = 0.0  # monotonic time of the launcher's last look (Launch.track_shm keeps the pace)
         self.denied_said = False
         self.seen: List[str] = []  # every name tracked in this launch, in order (the launch record's)
         self.lock = threading.Lock()  # a look runs in its own thread (Launch.track_shm); the sweep in the launcher's
@@ -208,7 +211,8 @@ class Segments:
         self.since = time.time()
         self.pids, self.segments, self.last_look, self.seen = {}, {}, 0.0, []
 
-    def _candidates(self) -> Dict[Tuple[int, int], Tuple[str, os.stat_result]]:
+    def _candidates(self) -> Dict[Tuple[int, int], str]:
+        """{(device, inode): name} of the regular files of the two name forms made since the start."""
         out = {}
         try:
             names = os.listdir(self.shm_dir)
@@ -223,16 +227,14 @@ class Segments:
             except OSError:
                 continue
             if stat.S_ISREG(info.st_mode) and info.st_ctime >= floor:
-                out[(info.st_dev, info.st_ino)] = (name, info)
+                out[(info.st_dev, info.st_ino)] = name
         return out
 
-    def look(self, roots: Iterable[int], force: bool = False) -> int:
+    def look(self, roots: Iterable[int]) -> int:
         """Note the segments the engine's processes (``roots`` and below) map now; returns how many
-        were new. At most every TRACK_EVERY_S unless ``force``."""
-        now = time.monotonic()
-        if self.since is None or (not force and now - self.last_look < TRACK_EVERY_S):
+        were new (when to look is the launcher's: Launch.track_shm)."""
+        if self.since is None:
             return 0
-        self.last_look = now
         candidates = self._candidates()
         if not candidates:
             return 0
@@ -253,7 +255,7 @@ class Segments:
                 if mine and len(self.pids) < MAX_TRACKED:
                     self.pids[pid] = tree[pid]  # a process that maps one: the sweep waits until it is gone
                 for key in mine:
-                    name = candidates[key][0]
+                    name = candidates[key]
                     if self.segments.get(name) != key[1] and len(self.segments) < MAX_TRACKED:
                         self.segments[name] = key[1]
                         if name not in self.seen:
