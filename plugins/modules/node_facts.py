@@ -53,9 +53,11 @@ EXAMPLES = r"""
 - name: Find out what kind of node this is
   uma.vllm.node_facts:
 
-- name: Say it
+- name: Say it (the fact is in ansible_facts, whatever inject_facts_as_vars is)
   ansible.builtin.debug:
-    msg: "{{ inventory_hostname }}: unified memory {{ uma_node.unified_memory }} ({{ uma_node.reason }})"
+    msg: "{{ inventory_hostname }}: unified memory {{ node.unified_memory }} ({{ node.reason }})"
+  vars:
+    node: "{{ ansible_facts.uma_node }}"
 """
 
 RETURN = r"""

@@ -85,18 +85,20 @@ EXAMPLES = r"""
 
 - name: Say what was found
   ansible.builtin.debug:
-    msg: "{{ inventory_hostname }}: {{ uma_rdma.summary }}"
+    msg: "{{ inventory_hostname }}: {{ ansible_facts.uma_rdma.summary }}"
 
 - name: The GID index and the HCAs for NCCL, when the address is on an RDMA device
   ansible.builtin.debug:
-    msg: "NCCL_IB_GID_INDEX={{ uma_rdma.cluster.gid_index }} NCCL_IB_HCA={{ uma_rdma.cluster.hcas | join(',') }}"
-  when: uma_rdma.cluster.found
+    msg: "NCCL_IB_GID_INDEX={{ link.gid_index }} NCCL_IB_HCA={{ link.hcas | join(',') }}"
+  vars:
+    link: "{{ ansible_facts.uma_rdma.cluster }}"
+  when: ansible_facts.uma_rdma.cluster.found
 
 - name: Stop when the node has RDMA devices but the cluster address is on none of them
   ansible.builtin.assert:
-    that: uma_rdma.cluster.found
-    fail_msg: "{{ uma_rdma.cluster.message }}"
-  when: uma_rdma.present
+    that: ansible_facts.uma_rdma.cluster.found
+    fail_msg: "{{ ansible_facts.uma_rdma.cluster.message }}"
+  when: ansible_facts.uma_rdma.present
 """
 
 RETURN = r"""
