@@ -21,22 +21,30 @@ FACTS = sorted(
 )
 
 
-def _readers():
-    """Every file whose Jinja Ansible templates: tasks, playbooks, templates, the modules' and filters' EXAMPLES."""
+def _templated():
+    """(path, first line number, text) of what Ansible templates: tasks, vars, playbooks, inventories and
+    templates whole (comments blanked), the modules' EXAMPLES and the filters' EXAMPLES."""
     for pattern in ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "site.yml", "molecule/**/*.yml",
-                    "inventories/**/*.yml", "lab/*.yml", "plugins/filter/*.yml"):  # fmt: skip
-        yield from ROOT.glob(pattern)
-    yield from (ROOT / "plugins" / "modules").glob("*.py")
+                    "inventories/**/*.yml", "lab/*.yml"):  # fmt: skip
+        for path in ROOT.glob(pattern):
+            yield path, 1, re.sub(r"(^|\s)#.*$", "", path.read_text(), flags=re.M)
+    for pattern, examples in (("plugins/modules/*.py", r'EXAMPLES = r?"""(.*?)"""'),
+                              ("plugins/filter/*.yml", r"EXAMPLES: \|\n(.*?)(?=^\S|\Z)")):  # fmt: skip
+        for path in ROOT.glob(pattern):
+            text = path.read_text()
+            for match in re.finditer(examples, text, re.S | re.M):
+                yield path, text.count("\n", 0, match.start(1)) + 1, match.group(1)
 
 
-def _bare(text, fact):
-    """The lines that name FACT as a variable of its own (not as ansible_facts.FACT / ansible_facts['FACT'])."""
+def _bare(text, fact, first=1):
+    """(line number, line) of each place TEXT names FACT as a variable of its own: not as ansible_facts.FACT,
+    ansible_facts['FACT'] or a result's .FACT, not as a YAML key (FACT:)."""
     bare = re.compile(r"(?<![\w.'\"\[])%s\b(?!\s*:)" % re.escape(fact))
+    lines = text.splitlines()
     found = []
-    for number, line in enumerate(text.splitlines(), 1):
-        for match in re.finditer(r"\{\{.*?\}\}|\{%.*?%\}|^\s*(?:when|that|until|failed_when|changed_when):.*$", line):
-            if bare.search(match.group(0)):
-                found.append((number, line.strip()))
+    for match in bare.finditer(text):
+        number = text.count("\n", 0, match.start())
+        found.append((first + number, lines[number].strip()))
     return found
 
 
@@ -48,9 +56,9 @@ def test_the_modules_set_facts():
 def test_no_file_reads_a_collection_fact_as_an_injected_variable():
     offenders = [
         "%s:%d: %s (read ansible_facts.%s)" % (path.relative_to(ROOT), number, line, fact)
-        for path in _readers()
+        for path, first, text in _templated()
         for fact in FACTS
-        for number, line in _bare(path.read_text(), fact)
+        for number, line in _bare(text, fact, first)
     ]
     assert not offenders, "\n".join(offenders)
 
@@ -62,4 +70,15 @@ def test_the_check_finds_a_bare_fact():
     assert not _bare("    msg: '{{ ansible_facts.uma_node.reason }}'", "uma_node")
     assert not _bare("    msg: \"{{ ansible_facts['uma_node'].reason }}\"", "uma_node")
     assert not _bare("    uma_node:", "uma_node")  # RETURN's key
-    assert not _bare("  - Sets the fact C(uma_node).", "uma_node")  # prose
+    assert _bare("that:\n  - uma_node.unified_memory\n", "uma_node") == [(2, "- uma_node.unified_memory")]
+    folded = "msg: >-\n  {{ inventory_hostname\n     ~ uma_rdma.summary }}"  # one expression over two lines
+    assert _bare(folded, "uma_rdma", 10) == [(12, "~ uma_rdma.summary }}")]
+    assert not _bare("    facts: '{{ (result.ansible_facts | default({})).uma_rdma }}'", "uma_rdma")
+    assert not _bare("uma_node_baseline_gib: 0.15", "uma_node")
+
+
+def test_every_kind_of_file_is_read():
+    kinds = {path.relative_to(ROOT).parts[0] for path, _first, _text in _templated()}
+    assert {"roles", "playbooks", "molecule", "inventories", "lab", "plugins", "site.yml"} <= kinds, kinds
+    examples = [text for path, _first, text in _templated() if path.name in ("node_facts.py", "rdma_facts.py")]
+    assert len(examples) == 2 and all("ansible_facts.uma_" in text for text in examples)
