@@ -1,9 +1,10 @@
 """The facts the collection's modules set are read through ``ansible_facts``, never as top-level variables.
 
 ansible-core injects every fact as a top-level variable only while ``inject_facts_as_vars`` is true (its
-default, deprecated); with it false (``ANSIBLE_INJECT_FACT_VARS=False``) a bare ``uma_node`` is undefined
-and site.yml stopped at node_prep's "Report the platform" (measured on the molecule/cluster lab, 4 Dec
-2026: ``'uma_node' is undefined``). ``ansible_facts.uma_node`` works with either setting.
+default; an ansible.cfg may turn it off); with it false (``ANSIBLE_INJECT_FACT_VARS=False``) a bare
+``uma_node`` is undefined and site.yml stopped at node_prep's "Report the platform" (measured on the
+molecule/cluster lab, 4 Dec 2026: ``'uma_node' is undefined``). ``ansible_facts.uma_node`` works with
+either setting.
 """
 
 import re
