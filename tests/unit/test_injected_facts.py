@@ -7,8 +7,11 @@ molecule/cluster lab, 4 Dec 2026: ``'uma_node' is undefined``). ``ansible_facts.
 either setting.
 """
 
+import ast
 import re
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,19 +25,33 @@ FACTS = sorted(
 )
 
 
+def _examples(path):
+    """(first line number, text) of a module's or a filter sidecar's EXAMPLES, read as the other tests read
+    them: a module's EXAMPLES assignment through ast (tests/integration/test_module_examples_live.py), a
+    sidecar as YAML (tests/unit/test_docs.py); here with the line the text starts on."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "EXAMPLES":
+                return node.value.lineno, node.value.value
+        return None
+    for key, value in yaml.compose(text).value:
+        if key.value == "EXAMPLES":
+            return value.start_mark.line + 2, value.value  # the block scalar starts below its "|"
+    return None
+
+
 def _templated():
     """(path, first line number, text) of what Ansible templates: tasks, vars, playbooks, inventories and
-    templates whole (comments blanked), the modules' EXAMPLES and the filters' EXAMPLES."""
+    templates whole (comments blanked), the modules' and the filters' EXAMPLES."""
     for pattern in ("roles/**/*.yml", "roles/**/*.j2", "playbooks/**/*.yml", "site.yml", "molecule/**/*.yml",
                     "inventories/**/*.yml", "lab/*.yml"):  # fmt: skip
         for path in ROOT.glob(pattern):
             yield path, 1, re.sub(r"(^|\s)#.*$", "", path.read_text(), flags=re.M)
-    for pattern, examples in (("plugins/modules/*.py", r'EXAMPLES = r?"""(.*?)"""'),
-                              ("plugins/filter/*.yml", r"EXAMPLES: \|\n(.*?)(?=^\S|\Z)")):  # fmt: skip
-        for path in ROOT.glob(pattern):
-            text = path.read_text()
-            for match in re.finditer(examples, text, re.S | re.M):
-                yield path, text.count("\n", 0, match.start(1)) + 1, match.group(1)
+    for path in [*(ROOT / "plugins" / "modules").glob("*.py"), *(ROOT / "plugins" / "filter").glob("*.yml")]:
+        found = _examples(path)
+        if found:
+            yield (path, *found)
 
 
 def _bare(text, fact, first=1):
@@ -81,5 +98,14 @@ def test_the_check_finds_a_bare_fact():
 def test_every_kind_of_file_is_read():
     kinds = {path.relative_to(ROOT).parts[0] for path, _first, _text in _templated()}
     assert {"roles", "playbooks", "molecule", "inventories", "lab", "plugins", "site.yml"} <= kinds, kinds
-    examples = [text for path, _first, text in _templated() if path.name in ("node_facts.py", "rdma_facts.py")]
-    assert len(examples) == 2 and all("ansible_facts.uma_" in text for text in examples)
+    examples = {path.name: text for path, _first, text in _templated() if path.parts[-2] in ("modules", "filter")}
+    assert {"node_facts.py", "rdma_facts.py", "vllm_service_rdma_links.yml"} <= set(examples), sorted(examples)
+    assert all("ansible_facts.uma_" in examples[name] for name in ("node_facts.py", "rdma_facts.py"))
+    # the line numbers point into the file: rdma_facts' "Say what was found" is where its EXAMPLES say
+    first, text = _examples(ROOT / "plugins" / "modules" / "rdma_facts.py")
+    lines = (ROOT / "plugins" / "modules" / "rdma_facts.py").read_text().splitlines()
+    offset = text.splitlines().index("- name: Say what was found")
+    assert lines[first - 1 + offset] == "- name: Say what was found"
+    first, text = _examples(ROOT / "plugins" / "filter" / "vllm_service_rdma_links.yml")
+    lines = (ROOT / "plugins" / "filter" / "vllm_service_rdma_links.yml").read_text().splitlines()
+    assert lines[first - 1].strip() == text.splitlines()[0].strip()
