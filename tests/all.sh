@@ -120,12 +120,17 @@ restore_knobs() {
   [ "$leaked" = 0 ] || [ "$status" != 0 ] || status=1
   exit "$status"
 }
-# At the end, and after a failed stage: a background stage still running is waited for, not killed
+# At the end, and after a failed stage: a background stage still running is waited for, not killed,
+# and its output shown
 # (the lab's build mounts an overlay and fills a venv: stopped half-way it would leave both behind),
 # and the knobs are restored (UMA_KEEP_KNOBS=1 skips that, for a run beside another one that owns them).
 on_exit() {
-  local status=$? pid
-  for pid in "${background[@]}"; do wait "$pid" 2>/dev/null || true; done
+  local status=$? name
+  for name in "${!background[@]}"; do
+    wait "${background[$name]}" 2>/dev/null || true
+    echo "[tests] $name, still running when the run failed, ended; its output:" >&2
+    cat "$logs/${name//[^A-Za-z0-9_]/_}.out" >&2 2>/dev/null || true
+  done
   [ "${UMA_KEEP_KNOBS:-0}" = 1 ] || restore_knobs "$status"
   exit "$status"
 }
@@ -180,18 +185,53 @@ stage_molecule() {
     stage "molecule:$scenario" molecule test -s "$scenario"
   done
 }
+# NAME SCENARIO...: the scenarios one after another in the background (a lane), each a stage of
+# its own (log, time, counts); their output held in $logs/NAME.out until join_stage NAME shows it.
+# The first that fails ends the lane with its status, and join_stage ends the run with it.
+start_lane() {
+  local name=$1 scenario
+  shift
+  for scenario in "$@"; do ran+=("molecule:$scenario"); done
+  (
+    for scenario in "$@"; do
+      run_stage "molecule:$scenario" molecule test -s "$scenario"
+    done
+  ) >"$logs/${name//[^A-Za-z0-9_]/_}.out" 2>&1 &
+  background[$name]=$!
+}
+# Every scenario CI runs, in the list's order; a scenario listed "beside" another runs in a lane
+# started with that one and is waited for when that one ends (tests/scenarios.txt says why).
+stage_molecule_all() {
+  local scenario
+  local -a lane
+  for scenario in $(scenarios); do
+    mapfile -t lane < <(beside "$scenario")
+    [ "${#lane[@]}" = 0 ] || start_lane "beside:$scenario" "${lane[@]}"
+    stage "molecule:$scenario" molecule test -s "$scenario"
+    [ "${#lane[@]}" = 0 ] || join_stage "beside:$scenario"
+  done
+}
 
-# A line "NAME manual" lists a scenario that CI does not run (molecule:NAME still runs it).
+# A line is "NAME" (run in order), "NAME manual" (listed, not run by CI; molecule:NAME still runs
+# it) or "NAME beside OTHER" (run by CI in a lane beside OTHER, itself a line "OTHER").
 listed_scenarios() { grep -v -e '^#' -e '^$' tests/scenarios.txt || true; }
-scenarios() { listed_scenarios | awk '$2 != "manual" {print $1}'; }
+scenarios() { listed_scenarios | awk 'NF == 1 {print $1}'; }
+beside() { listed_scenarios | awk -v other="$1" '$2 == "beside" && $3 == other {print $1}'; }
 # Every scenario directory is listed and every listed scenario exists: a list that lost a line
-# (or came back empty) must not turn into a run that tests less and still passes.
+# (or came back empty) must not turn into a run that tests less and still passes. A line of any
+# other shape, or one beside a scenario that is not run in order, would drop its scenario: refused.
 check_scenarios() {
-  local listed found
+  local listed found bad
   listed=$(listed_scenarios | awk '{print $1}' | sort)
   found=$(find molecule -mindepth 2 -maxdepth 2 -name molecule.yml -printf '%h\n' | sed 's|^molecule/||' | sort)
   if [ -z "$listed" ] || [ "$listed" != "$found" ]; then
     echo "[tests] tests/scenarios.txt lists [${listed//$'\n'/ }] but molecule/ has [${found//$'\n'/ }]" >&2
+    exit 1
+  fi
+  bad=$(listed_scenarios | awk -v run=" $(scenarios | tr '\n' ' ') " '
+    !(NF == 1 || (NF == 2 && $2 == "manual") || (NF == 3 && $2 == "beside" && index(run, " " $3 " ")))')
+  if [ -n "$bad" ]; then
+    echo "[tests] tests/scenarios.txt: each line is NAME, NAME manual or NAME beside OTHER (OTHER a line of its own); not: ${bad//$'\n'/; }" >&2
     exit 1
   fi
 }
@@ -211,7 +251,7 @@ fi
 for stage in "${stages[@]}"; do
   case "$stage" in
     setup|static|unit|integration) stage "$stage" "stage_$stage" ;;
-    molecule) check_scenarios; mapfile -t all < <(scenarios); stage_molecule "${all[@]}" ;;
+    molecule) check_scenarios; stage_molecule_all ;;
     molecule:*) stage_molecule "${stage#molecule:}" ;;
     *) echo "all.sh: unknown stage '$stage' (setup static unit integration molecule molecule:NAME)" >&2; exit 2 ;;
   esac
