@@ -9,13 +9,18 @@ does on a node); ``program("uma_launch.py")`` is the path a unit runs.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 from ansible_collections.uma.vllm.plugins.module_utils.plumbing import node_install
 
 NODE_LIB = tempfile.mkdtemp(prefix="uma-node-lib-")
 os.chmod(NODE_LIB, 0o755)  # as a node's lib_dir: the tests that run a program as another user read it too
+# gone when this test process ends (not when a child forked from it does)
+_OWNER = os.getpid()
+atexit.register(lambda: os.getpid() == _OWNER and shutil.rmtree(NODE_LIB, True))
 node_install.install_node_files(node_install.plan_node_files(NODE_LIB))
 
 

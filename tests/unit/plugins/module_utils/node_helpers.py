@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -43,6 +45,9 @@ def flat_copy(tmp_path):
 # (``os.path.join(NODE_LIB, "uma_launch.py")``), as a node's units do.
 NODE_LIB = install_node_lib(tempfile.mkdtemp(prefix="uma-node-lib-"))
 os.chmod(NODE_LIB, 0o755)  # as a node's lib_dir (mkdtemp makes it 0700): readable by an engine user too
+# gone when this test process ends (not when a child forked from it does)
+_OWNER = os.getpid()
+atexit.register(lambda: os.getpid() == _OWNER and shutil.rmtree(NODE_LIB, True))
 
 
 def watchdog_config(tmp_path, state_dir, textfile_dir=None, **extra):
