@@ -28,6 +28,11 @@ old commit: ``git worktree add /tmp/before <rev>`` and link it the same way).
     sudo .venv/bin/python benchmarks/site_scale.py --nodes 2 8 [--forks 10] [--repeat 3] \
         [--tree before=/tmp/before --tree after=.] [--json]
     sudo .venv/bin/python benchmarks/site_scale.py --lab --tree before=/tmp/before --tree after=.
+    sudo .venv/bin/python benchmarks/site_scale.py --lab -e @lab/runtime-container.yml --tree ...
+        (the lab of lab/up.sh --runtime container)
+
+``-e`` (repeatable) goes to every ansible-playbook run as ``--extra-vars``; a relative ``@file`` is
+read in each tree (each run's working directory).
 """
 
 from __future__ import annotations
@@ -85,13 +90,21 @@ def inventory(work: str, names: list, engines: bool) -> str:
     return path
 
 
+EXTRA_VARS: list = []
+
+
 def playbook(tree: str, inv: str, book: str, forks: int) -> dict:
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(tree, "ansible.cfg"), ANSIBLE_FORKS=str(forks))
     env["ANSIBLE_COLLECTIONS_PATH"] = os.path.join(tree, ".cache", "collections")
     env["PATH"] = os.path.join(ROOT, ".venv", "bin") + os.pathsep + env.get("PATH", "")
     started = time.monotonic()
     proc = subprocess.run(
-        ["ansible-playbook", "-i", inv, book], cwd=tree, env=env, capture_output=True, text=True, check=False
+        ["ansible-playbook", "-i", inv, book, *[w for e in EXTRA_VARS for w in ("-e", e)]],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     wall = time.monotonic() - started
     recap = {m.group(1): {"changed": int(m.group(3)), "failed": int(m.group(5)) + int(m.group(4))}
@@ -169,7 +182,9 @@ def main() -> int:
     p.add_argument("--engines", action="store_true", help="one real tiny engine per node")
     p.add_argument("--lab", action="store_true", help="the running lab of lab/up.sh (inventories/lab), left running")
     p.add_argument("--json", action="store_true")
+    p.add_argument("-e", "--extra-vars", action="append", default=[], help="to every ansible-playbook run (repeatable)")
     a = p.parse_args()
+    EXTRA_VARS.extend(a.extra_vars)
     if os.geteuid() != 0:
         p.error("needs root (docker)")
     if any(n < 1 or n > 32 for n in a.nodes):

@@ -15,17 +15,18 @@ launcher config, thin wrappers over plugins/module_utils/service/launch_wrapper.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict, List, Optional
 
 from ansible.errors import AnsibleFilterError
 from ansible.plugins.filter.core import to_nice_json
 
-from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError
-from ansible_collections.uma.vllm.plugins.module_utils.node.launch import config as _launch_config
-from ansible_collections.uma.vllm.plugins.module_utils.service import launch_wrapper as model
+# module_utils are imported at the first call, not at the top: see lazy() in vllm_service.py
+_MODULE_UTILS = "ansible_collections.uma.vllm.plugins.module_utils."
 
 
 def engine_config(engine: Dict[str, Any], managed: Optional[str] = None) -> Dict[str, Any]:
+    model = importlib.import_module(_MODULE_UTILS + "service.launch_wrapper")
     try:
         return model.engine_config(engine, managed)
     except model.EngineConfigError as err:
@@ -54,6 +55,8 @@ def node_config_errors(config: Dict[str, Any]) -> List[str]:
     """What the launcher would refuse in the node-wide launch.json, at every engine start (exit 78)."""
     if not isinstance(config, dict):
         raise AnsibleFilterError("launch_wrapper_node_config_errors expects a mapping, got %s" % type(config).__name__)
+    _launch_config = importlib.import_module(_MODULE_UTILS + "node.launch.config")
+    UmaError = importlib.import_module(_MODULE_UTILS + "node.base.common").UmaError
     try:
         _launch_config.check_node_values(config)
     except UmaError as err:

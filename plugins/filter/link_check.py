@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ansible.errors import AnsibleFilterError
+from ansible_collections.uma.vllm.plugins.filter.vllm_service import lazy
 
-from ansible_collections.uma.vllm.plugins.module_utils.service import link_check
-from ansible_collections.uma.vllm.plugins.module_utils.service.base import EngineModelError
+# imported at the first call: see lazy() in vllm_service.py
+_pairs = lazy("service.link_check:pairs")
+link_check_report = lazy("service.link_check:report", refusals=False)
 
 
 def link_check_pairs(engines: Any, hostvars: Any, play_hosts: Any, port: Any = 29590) -> Any:
-    try:
-        return link_check.pairs(engines, hostvars, play_hosts, port)
-    except EngineModelError as err:
-        raise AnsibleFilterError(str(err)) from None
+    return _pairs(engines, hostvars, play_hosts, port)
 
 
 class FilterModule:
     def filters(self):
-        return {"link_check_pairs": link_check_pairs, "link_check_report": link_check.report}
+        return {"link_check_pairs": link_check_pairs, "link_check_report": link_check_report}

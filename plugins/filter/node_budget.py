@@ -6,9 +6,8 @@ together (plugins/module_utils/plan/node_budget.py)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Dict, List
-
-from ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget import plan_node
 
 
 def node_budget(results: List[Dict[str, Any]], hostname: str) -> Dict[str, Any]:
@@ -24,7 +23,9 @@ def node_budget(results: List[Dict[str, Any]], hostname: str) -> Dict[str, Any]:
                 "started": item.get("state", "started") == "started",
             }
         )
-    return plan_node(hostname, engines)
+    # imported at the first call: see lazy() in vllm_service.py
+    plan = importlib.import_module("ansible_collections.uma.vllm.plugins.module_utils.plan.node_budget")
+    return plan.plan_node(hostname, engines)
 
 
 class FilterModule:

@@ -6,7 +6,10 @@ lines to print (plugins/module_utils/service/status_report.py)."""
 
 from __future__ import annotations
 
-from ansible_collections.uma.vllm.plugins.module_utils.service.status_report import status_report
+from ansible_collections.uma.vllm.plugins.filter.vllm_service import lazy
+
+# imported at the first call: see lazy() in vllm_service.py
+status_report = lazy("service.status_report:status_report", refusals=False)
 
 
 class FilterModule:

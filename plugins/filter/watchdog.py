@@ -7,10 +7,11 @@ own validation before anything is written)."""
 
 from __future__ import annotations
 
-from ansible_collections.uma.vllm.plugins.filter.vllm_service import as_filter
-from ansible_collections.uma.vllm.plugins.module_utils.service import watchdog as model
+from ansible_collections.uma.vllm.plugins.filter.vllm_service import lazy
 
-watchdog_configs = as_filter(model.watchdog_configs)
+# imported at the first call (it pulls in the whole node package: the configs carry its fingerprint),
+# see lazy() in vllm_service.py
+watchdog_configs = lazy("service.watchdog:watchdog_configs")
 
 
 class FilterModule:

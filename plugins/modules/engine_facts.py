@@ -58,6 +58,38 @@ options:
         call, into RV(watchdog_units).
     type: bool
     default: false
+  files:
+    description:
+      - Other absolute paths to look at, into RV(files) (not followed, as C(ansible.builtin.stat)). The role
+        C(uma.vllm.vllm_service) compares its firewall unit and rules file with what it would write, instead of a
+        C(stat), C(copy) or C(template) task of its own on a no-op re-run.
+    type: list
+    elements: path
+    default: []
+  read:
+    description:
+      - Absolute paths of small files to read, into RV(contents) (at most 64 KiB each), e.g. the node's
+        C(/proc/sys/net/ipv4/ip_local_port_range).
+    type: list
+    elements: path
+    default: []
+  extra_units:
+    description:
+      - Other systemd units (full names) to read in the same C(systemctl show) call, into RV(extra_units).
+    type: list
+    elements: str
+    default: []
+  packages:
+    description:
+      - Packages to look for in dpkg's status file (O(dpkg_status)), into RV(packages_missing). A name with a
+        version, an architecture or a wildcard is always reported missing (the package manager decides).
+    type: list
+    elements: str
+    default: []
+  dpkg_status:
+    description: dpkg's status file.
+    type: path
+    default: /var/lib/dpkg/status
 notes:
   - C(systemctl) must be on the node when O(engines) is not empty; when it cannot run or fails, the module
     fails naming the command, its exit code and its error output.
@@ -136,6 +168,35 @@ config_dir:
   returned: always
   type: str
   sample: /etc/uma-vllm
+files:
+  description:
+    - Per path of O(files), what is there (not followed) -- C(exists) (a dangling symlink counts), C(kind)
+      (file, link, directory, other), C(mode) (C("0644")), C(uid), C(gid) and C(sha256) of a regular file's
+      content; all null but C(exists=false) where nothing is.
+  returned: always
+  type: dict
+  sample:
+    /etc/uma-vllm/firewall.nft: {"exists": true, "kind": "file", "mode": "0644", "uid": 0, "gid": 0, "sha256": "9f8..."}
+contents:
+  description: Per path of O(read), its text (UTF-8, invalid bytes replaced), null where it cannot be read.
+  returned: always
+  type: dict
+  sample: {"/proc/sys/net/ipv4/ip_local_port_range": "32768\t60999\n"}
+extra_units:
+  description:
+    - Per unit of O(extra_units), the same properties as RV(units).
+    - 'A unit systemd does not know reads as V({"ActiveState": "inactive", "UnitFileState": ""}).'
+  returned: always
+  type: dict
+  sample:
+    uma-vllm-firewall.service: {"Id": "uma-vllm-firewall.service", "ActiveState": "active", "UnitFileState": "enabled"}
+packages_missing:
+  description: The packages of O(packages) dpkg's status does not mark installed, in their order; null where the
+    status file cannot be read (not a dpkg node).
+  returned: always
+  type: list
+  elements: str
+  sample: [nftables]
 stamps_path:
   description: The O(stamps_path) that was read.
   returned: always
@@ -158,6 +219,11 @@ def main() -> None:
             stamps_path=dict(type="path", default=_engine_facts.DEFAULT_STAMPS_PATH),
             engines=dict(type="list", elements="str", default=[]),
             watchdog_units=dict(type="bool", default=False),
+            files=dict(type="list", elements="path", default=[]),
+            read=dict(type="list", elements="path", default=[]),
+            extra_units=dict(type="list", elements="str", default=[]),
+            packages=dict(type="list", elements="str", default=[]),
+            dpkg_status=dict(type="path", default="/var/lib/dpkg/status"),
         ),
         supports_check_mode=True,
     )

@@ -47,6 +47,19 @@ options:
     description: The C(lscpu) command.
     type: str
     default: lscpu
+  packages:
+    description:
+      - Packages to look for in dpkg's status file (C(dpkg_status)); the fact's C(packages_missing) lists
+        those not installed, so that a role installs packages only where one is missing.
+      - A name with a version, an architecture, a wildcard or a release (C(foo=1.2), C(foo:arm64)) is
+        always reported missing (the package manager decides).
+    type: list
+    elements: str
+    default: []
+  dpkg_status:
+    description: dpkg's status file; where it cannot be read C(packages_missing) is null (not a dpkg node).
+    type: path
+    default: /var/lib/dpkg/status
 """
 
 EXAMPLES = r"""
@@ -67,7 +80,8 @@ ansible_facts:
   type: complex
   contains:
     uma_node:
-      description: The classification and its evidence.
+      description: The classification and its evidence; C(packages_missing) lists the C(packages) not installed
+        (null where dpkg's status cannot be read, empty without C(packages)).
       returned: always
       type: dict
       sample:
@@ -80,6 +94,7 @@ ansible_facts:
         cpu_model: Cortex-X925
         architecture: aarch64
         ram_gib: 119.7
+        packages_missing: []
         reason: "unified-memory markers: gb10"
         evidence: ["nvidia-smi: GPU 'NVIDIA GB10' is a NVIDIA GB10 (DGX Spark class), unified LPDDR5X"]
 """
@@ -88,7 +103,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, check_path, read_meminfo
+from ansible_collections.uma.vllm.plugins.module_utils.system import packages as _packages
 from ansible_collections.uma.vllm.plugins.module_utils.system.platform import (
     classify,
     gather_files,
@@ -123,6 +139,27 @@ def _run(module: AnsibleModule, command: str, args: list) -> tuple:
     return out, None
 
 
+def _packages_missing(module: AnsibleModule) -> object:
+    """The ``packages`` dpkg's status does not mark installed (None: no status to read); a bad option fails the
+    module naming it."""
+    p = module.params
+    try:
+        names = _packages.check_names("packages", p["packages"])
+        status_path = check_path(
+            "dpkg_status", p["dpkg_status"], fix="Give dpkg's status file, e.g. /var/lib/dpkg/status."
+        )
+    except UmaError as err:
+        module.fail_json(msg=err.message)
+    if not names:
+        return []
+    try:
+        with open(status_path, encoding="utf-8", errors="replace") as handle:
+            status_text = handle.read()
+    except OSError:
+        status_text = None
+    return _packages.missing(names, status_text)
+
+
 def main() -> None:
     module = AnsibleModule(
         argument_spec=dict(
@@ -130,6 +167,8 @@ def main() -> None:
             proc_root=dict(type="path", default="/proc"),
             nvidia_smi=dict(type="str", default="nvidia-smi"),
             lscpu=dict(type="str", default="lscpu"),
+            packages=dict(type="list", elements="str", default=[]),
+            dpkg_status=dict(type="path", default=_packages.DPKG_STATUS),
         ),
         supports_check_mode=True,
     )
@@ -143,6 +182,7 @@ def main() -> None:
         facts["ram_gib"] = round(read_meminfo(p["proc_root"])["MemTotal"] / 1024**3, 2)
     except (OSError, KeyError, ValueError):
         facts["ram_gib"] = None
+    facts["packages_missing"] = _packages_missing(module)
     module.exit_json(changed=False, ansible_facts={"uma_node": facts})
 
 

@@ -4,7 +4,9 @@
 """What the vllm_service role reads about its engines on a node, in one pass (module
 ``uma.vllm.engine_facts``): the engines installed (drop-in directories), the watchdog configs,
 the stamps of what each running engine was started with, and the engines' unit states from one
-``systemctl show``.
+``systemctl show``; on request also other units' states (in the same call), what is at some paths
+(kind, mode, owner, sha256), the text of small files and which packages dpkg lacks, so that a no-op
+re-run of the role needs no task of its own for its firewall or the port range (issue 34 item 7).
 
 Read-only. ``systemctl`` runs through an injected *runner* ``runner(argv) -> (rc, stdout,
 stderr)`` (the module passes ``AnsibleModule.run_command``) so the unit tests fake it
@@ -13,14 +15,17 @@ stderr)`` (the module passes ``AnsibleModule.run_command``) so the unit tests fa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import stat as _stat
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ansible_collections.uma.vllm.plugins.module_utils.node.base import paths as _paths
 from ansible_collections.uma.vllm.plugins.module_utils.node.base.common import UmaError, check_path, read_text
 from ansible_collections.uma.vllm.plugins.module_utils.service.state import unit_states
+from ansible_collections.uma.vllm.plugins.module_utils.system import packages as _packages
 
 Runner = Callable[[List[str]], Tuple[int, str, str]]
 
@@ -32,6 +37,9 @@ DROP_IN_SUFFIX = ".service.d"
 WATCHDOG_SUBDIR = "watchdog"
 # what the role's "Read the engines' unit states" task asked for
 SHOW_PROPERTIES = ("Id", "ActiveState", "UnitFileState")
+# the most of a file option ``read`` returns (its files are /proc values and small configs)
+READ_LIMIT = 65536
+_UNIT_NAME_RE = re.compile(r"^[A-Za-z0-9:_.@-]{1,200}\.(service|socket|timer|target|path|mount)$")
 # systemctl show of a unit it cannot find exits 0 on systemd 252 (the lab's; measured), with
 # ActiveState=inactive. Other versions may exit non-zero saying so; that output still parses.
 _NOT_FOUND_RE = re.compile(r"not[- ]found|could not be found|not loaded|no such unit", re.IGNORECASE)
@@ -72,7 +80,97 @@ def check_request(params: Dict[str, Any]) -> Dict[str, Any]:
         request[option] = check_path(option, params.get(option), fix=fix)
     request["engines"] = check_engines(params.get("engines"))
     request["watchdog_units"] = bool(params.get("watchdog_units"))
+    for option, example in (
+        ("files", "/etc/uma-vllm/firewall.nft"),
+        ("read", "/proc/sys/net/ipv4/ip_local_port_range"),
+    ):
+        value = params.get(option) or []
+        if not isinstance(value, list):
+            raise UmaError(
+                option, value, "is not a list of paths", "Give a list of absolute paths, e.g. [%s]." % example
+            )
+        request[option] = [check_path(option, path, fix="Give absolute paths, e.g. %s." % example) for path in value]
+    units = params.get("extra_units") or []
+    if not isinstance(units, list):
+        raise UmaError("extra_units", units, "is not a list of unit names", "Give e.g. [uma-vllm-firewall.service].")
+    for index, unit in enumerate(units):
+        if not isinstance(unit, str) or not _UNIT_NAME_RE.match(unit):
+            raise UmaError(
+                "extra_units[%d]" % index, unit, "is not a systemd unit name", "Give e.g. uma-vllm-firewall.service."
+            )
+    request["extra_units"] = list(dict.fromkeys(units))
+    request["packages"] = _packages.check_names("packages", params.get("packages") or [])
+    request["dpkg_status"] = check_path(
+        "dpkg_status",
+        params.get("dpkg_status") or _packages.DPKG_STATUS,
+        fix="Give dpkg's status file, e.g. /var/lib/dpkg/status.",
+    )
     return request
+
+
+def file_facts(paths: List[str]) -> Dict[str, Dict[str, Any]]:
+    """Per path what is there, as ansible.builtin.stat (not followed) and copy compare it: ``exists``
+    (a dangling symlink counts), ``kind``, ``mode`` ("0644"), ``uid``, ``gid``, and ``sha256`` of a
+    regular file's content (None for anything else, or when it cannot be read)."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            out[path] = {"exists": False, "kind": None, "mode": None, "uid": None, "gid": None, "sha256": None}
+            continue
+        kind = (
+            "file"
+            if _stat.S_ISREG(st.st_mode)
+            else "link"
+            if _stat.S_ISLNK(st.st_mode)
+            else "directory"
+            if _stat.S_ISDIR(st.st_mode)
+            else "other"
+        )
+        digest = None
+        if kind == "file":
+            try:
+                sha = hashlib.sha256()
+                with open(path, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):
+                        sha.update(chunk)
+                digest = sha.hexdigest()
+            except OSError:
+                digest = None
+        out[path] = {
+            "exists": True,
+            "kind": kind,
+            "mode": "%04o" % _stat.S_IMODE(st.st_mode),
+            "uid": st.st_uid,
+            "gid": st.st_gid,
+            "sha256": digest,
+        }
+    return out
+
+
+def read_small(paths: List[str]) -> Dict[str, Optional[str]]:
+    """Per path its text (at most READ_LIMIT bytes, UTF-8 with replacement), None when it cannot be read."""
+    out: Dict[str, Optional[str]] = {}
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                out[path] = handle.read(READ_LIMIT).decode("utf-8", errors="replace")
+        except OSError:
+            out[path] = None
+    return out
+
+
+def packages_missing(names: List[str], dpkg_status: str) -> Optional[List[str]]:
+    """Which of ``names`` dpkg's status does not mark installed (None: no status file to read)."""
+    if not names:
+        return []
+    try:
+        with open(dpkg_status, encoding="utf-8", errors="replace") as handle:
+            text: Optional[str] = handle.read()
+    except OSError:
+        text = None
+    return _packages.missing(names, text)
 
 
 def _entries(option: str, value: str, directory: str) -> Optional[List[os.DirEntry]]:
@@ -176,16 +274,17 @@ def units(runner: Runner, systemctl: Optional[str], engines: List[str]) -> Dict[
 
 
 def read_units(
-    runner: Runner, systemctl: Optional[str], engines: List[str], prefixes: Tuple[str, ...]
+    runner: Runner, systemctl: Optional[str], engines: List[str], prefixes: Tuple[str, ...], extra: Tuple[str, ...] = ()
 ) -> Dict[str, Dict[str, Dict[str, str]]]:
     """Each engine's unit properties, per unit prefix (the engine's ``uma-vllm@``, its watchdog's
-    ``uma-vllm-watchdog@``), from one ``systemctl show`` (``{}`` per prefix and no call for none)."""
-    if not engines:
-        return {prefix: {} for prefix in prefixes}
+    ``uma-vllm-watchdog@``), from one ``systemctl show`` (``{}`` per prefix and no call for none);
+    the units of ``extra`` in the same call, under the key ``""`` (per unit name)."""
+    if not engines and not extra:
+        return dict({prefix: {} for prefix in prefixes}, **{"": {}})
     if not systemctl:
         raise UmaError(
-            "engines",
-            engines,
+            "engines" if engines else "extra_units",
+            engines or list(extra),
             "needs systemctl on the node to read the units' states, but systemctl was not found in PATH",
             "Run it against a node booted with systemd (DGX OS, Ubuntu, Debian, JetPack), or give engines: [].",
         )
@@ -193,13 +292,14 @@ def read_units(
     for prop in SHOW_PROPERTIES:
         argv += ["-p", prop]
     argv += ["%s%s.service" % (prefix, name) for prefix in prefixes for name in engines]
+    argv += list(extra)
     try:
         rc, out, err = runner(argv)
     except (OSError, ValueError) as exc:
         raise UmaError(
             "engines", engines, "could not run %s (%s)" % (systemctl, exc), "Check systemctl on the node."
         ) from exc
-    if rc != 0 and not (_NOT_FOUND_RE.search(err or "") and "Id=" + UNIT_PREFIX in (out or "")):
+    if rc != 0 and not (_NOT_FOUND_RE.search(err or "") and "Id=" in (out or "")):
         raise UmaError(
             "engines",
             engines,
@@ -207,7 +307,15 @@ def read_units(
             % (" ".join(argv), rc, (err or out or "").strip() or "no output"),
             "Check systemd on the node ('systemctl is-system-running'); run with become: true.",
         )
-    return {prefix: unit_states(out, engines, prefix) for prefix in prefixes}
+    found = {prefix: unit_states(out, engines, prefix) for prefix in prefixes}
+    found[""] = {}
+    for block in (out or "").split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if props.get("Id") in extra:
+            found[""][props["Id"]] = props
+    for unit in extra:
+        found[""].setdefault(unit, {"ActiveState": "inactive", "UnitFileState": ""})
+    return found
 
 
 def engine_facts(params: Dict[str, Any], runner: Runner, systemctl: Optional[str]) -> Dict[str, Any]:
@@ -216,7 +324,7 @@ def engine_facts(params: Dict[str, Any], runner: Runner, systemctl: Optional[str
     warnings: List[str] = []
     names, paths = watchdogs(request["config_dir"], warnings)
     prefixes = (UNIT_PREFIX, WATCHDOG_PREFIX) if request["watchdog_units"] else (UNIT_PREFIX,)
-    found = read_units(runner, systemctl, request["engines"], prefixes)
+    found = read_units(runner, systemctl, request["engines"], prefixes, tuple(request["extra_units"]))
     result = {
         "installed": installed(request["systemd_dir"], warnings),
         "watchdogs": names,
@@ -226,6 +334,10 @@ def engine_facts(params: Dict[str, Any], runner: Runner, systemctl: Optional[str
         "systemd_dir": request["systemd_dir"],
         "config_dir": request["config_dir"],
         "stamps_path": request["stamps_path"],
+        "files": file_facts(request["files"]),
+        "contents": read_small(request["read"]),
+        "extra_units": found[""],
+        "packages_missing": packages_missing(request["packages"], request["dpkg_status"]),
     }
     if request["watchdog_units"]:
         result["watchdog_units"] = found[WATCHDOG_PREFIX]

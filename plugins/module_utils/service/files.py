@@ -18,6 +18,7 @@ so engines started by an older release do not restart for the upgrade alone.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable, Dict, List
 
 DIR_MODE = "0755"
@@ -141,3 +142,23 @@ def files_state(engines: List[Dict[str, Any]], result: Dict[str, Any], paths: Di
         "reload": bool(unit.get("changed") or watchdog_unit.get("changed") or drop_in_changed),
         "watchdogs_changed": watchdogs,
     }
+
+
+def file_as_wanted(pair: Any, mode: str, uid: int, gid: int) -> bool:
+    """``(content, seen)`` -> does the node already have exactly this file: ``seen`` is what
+    uma.vllm.engine_facts's ``files`` reported for its path (a regular file, not a link), its sha256 is
+    that of ``content`` (UTF-8), and its mode and owner are ``mode`` ("0644"), ``uid`` and ``gid``.
+    False for anything else (nothing there, unreadable, a symlink, another mode or owner): the role
+    then runs its write task, which corrects it and reports the change."""
+    try:
+        content, seen = pair
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(content, str) or not isinstance(seen, dict) or seen.get("kind") != "file":
+        return False
+    return (
+        seen.get("sha256") == hashlib.sha256(content.encode("utf-8")).hexdigest()
+        and seen.get("mode") == mode
+        and seen.get("uid") == uid
+        and seen.get("gid") == gid
+    )

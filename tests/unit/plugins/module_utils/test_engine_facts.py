@@ -11,6 +11,7 @@ tests/integration/test_engine_facts_live.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -88,6 +89,10 @@ def test_a_node_with_two_engines(node):
         "systemd_dir": node["systemd_dir"],
         "config_dir": node["config_dir"],
         "stamps_path": node["stamps_path"],
+        "files": {},
+        "contents": {},
+        "extra_units": {},
+        "packages_missing": [],
     }
     assert fake.calls == [[*SHOW, "uma-vllm@a.service", "uma-vllm@b.service", "uma-vllm@nope.service"]]
 
@@ -110,6 +115,10 @@ def test_a_fresh_node_has_nothing_and_asks_systemd_nothing(tmp_path):
         "systemd_dir": params["systemd_dir"],
         "config_dir": params["config_dir"],
         "stamps_path": params["stamps_path"],
+        "files": {},
+        "contents": {},
+        "extra_units": {},
+        "packages_missing": [],
     }
     assert fake.calls == []
 
@@ -334,3 +343,69 @@ def test_watchdog_units_come_from_the_same_systemctl_call(tmp_path):
     assert out["watchdog_units"]["a"]["ActiveState"] == "failed"  # not mixed up with the engine's own unit
     assert out["watchdog_units"]["b"] == {"ActiveState": "inactive", "UnitFileState": ""}
     assert "watchdog_units" not in ef.engine_facts(dict(params, watchdog_units=False), runner, "/bin/systemctl")
+
+
+def test_files_contents_units_and_packages_on_request(node, tmp_path):
+    # what the role's firewall and port-range steps read here instead of tasks of their own
+    (tmp_path / "rules.nft").write_text("table inet x {}\n")
+    os.chmod(str(tmp_path / "rules.nft"), 0o640)
+    os.symlink(str(tmp_path / "gone"), str(tmp_path / "dangling.service"))
+    (tmp_path / "range").write_text("32768\t60999\n")
+    (tmp_path / "status").write_text("Package: nftables\nStatus: install ok installed\n")
+    paths = [str(tmp_path / "rules.nft"), str(tmp_path / "dangling.service"), str(tmp_path / "none.service")]
+    fake = FakeSystemctl(out="Id=uma-vllm-firewall.service\nActiveState=active\nUnitFileState=enabled\n")
+    params = dict(
+        node,
+        engines=[],
+        files=paths,
+        read=[str(tmp_path / "range"), str(tmp_path / "nope")],
+        extra_units=["uma-vllm-firewall.service", "other.service"],
+        packages=["nftables", "iperf3"],
+        dpkg_status=str(tmp_path / "status"),
+    )
+    result = ef.engine_facts(params, fake, "/usr/bin/systemctl")
+    rules = result["files"][paths[0]]
+    assert rules["exists"] and rules["kind"] == "file" and rules["mode"] == "0640" and rules["uid"] == os.getuid()
+    assert rules["sha256"] == hashlib.sha256(b"table inet x {}\n").hexdigest()
+    assert result["files"][paths[1]]["exists"] and result["files"][paths[1]]["kind"] == "link"
+    assert result["files"][paths[2]] == {
+        "exists": False,
+        "kind": None,
+        "mode": None,
+        "uid": None,
+        "gid": None,
+        "sha256": None,
+    }
+    assert result["contents"] == {str(tmp_path / "range"): "32768\t60999\n", str(tmp_path / "nope"): None}
+    assert result["extra_units"] == {
+        "uma-vllm-firewall.service": {
+            "Id": "uma-vllm-firewall.service",
+            "ActiveState": "active",
+            "UnitFileState": "enabled",
+        },
+        "other.service": {"ActiveState": "inactive", "UnitFileState": ""},
+    }
+    assert fake.calls == [[*SHOW, "uma-vllm-firewall.service", "other.service"]]
+    assert result["packages_missing"] == ["iperf3"]
+    assert (
+        ef.engine_facts(dict(params, dpkg_status=str(tmp_path / "none")), fake, "/usr/bin/systemctl")[
+            "packages_missing"
+        ]
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    "option, value, problem",
+    [
+        ("files", ["relative"], "is not an absolute path"),
+        ("files", "/a", "is not a list"),
+        ("read", ["/a\nb"], "line-break"),
+        ("extra_units", ["rm -rf /"], "is not a systemd unit name"),
+        ("packages", [""], "is not a package name"),
+    ],
+)
+def test_bad_request_options_are_refused_naming_the_option(node, option, value, problem):
+    with pytest.raises(UmaError) as err:
+        ef.engine_facts(dict(node, engines=[], **{option: value}), FakeSystemctl(), None)
+    assert err.value.message.startswith("option '%s" % option) and problem in err.value.message

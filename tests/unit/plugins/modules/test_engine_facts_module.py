@@ -82,6 +82,11 @@ def test_defaults(run_module, systemctl, monkeypatch):
         "stamps_path": "/var/lib/uma-vllm/vllm-service.json",
         "engines": [],
         "watchdog_units": False,
+        "files": [],
+        "read": [],
+        "extra_units": [],
+        "packages": [],
+        "dpkg_status": "/var/lib/dpkg/status",
     }
 
 

@@ -44,3 +44,20 @@ def test_failing_nvidia_smi_is_evidence_not_failure(run_module, tmp_path):
     assert not failed
     assert any("exited 9" in e for e in result["ansible_facts"]["uma_node"]["evidence"])
     assert os.path.exists(smi)
+
+
+def test_packages_missing_from_dpkg_status(run_module, tmp_path):
+    status = tmp_path / "status"
+    status.write_text(
+        "Package: python3-psutil\nStatus: install ok installed\n\n"
+        "Package: nftables\nStatus: deinstall ok config-files\n"
+    )
+    args = {"nvidia_smi": "no-such-nvidia-smi", "sysfs_root": str(tmp_path), "dpkg_status": str(status)}
+    failed, result = run_module(node_facts, dict(args, packages=["python3-psutil", "nftables"]))
+    assert not failed and not result["changed"]
+    assert result["ansible_facts"]["uma_node"]["packages_missing"] == ["nftables"]
+    failed, result = run_module(node_facts, dict(args, packages=["python3-psutil"]))
+    assert result["ansible_facts"]["uma_node"]["packages_missing"] == []
+    # without dpkg's status (not a dpkg node) the package manager decides: null, not "nothing missing"
+    failed, result = run_module(node_facts, dict(args, packages=["python3-psutil"], dpkg_status=str(tmp_path / "none")))
+    assert not failed and result["ansible_facts"]["uma_node"]["packages_missing"] is None
